@@ -1,0 +1,334 @@
+"""Typed configs: dataclass schemas registered in Hydra's ConfigStore, YAML under ``configs/`` overrides.
+
+Every schema's defaults are the values its paper uses; ``__post_init__`` validates ranges and choices.
+Schemas are registered as Hydra structured configs, so an unknown or misspelt key — in a YAML file or a
+command-line override — fails with a ``ConfigError`` that names the key and suggests close matches.
+
+Layout of the config tree (``configs/``)::
+
+    config.yaml            root: defaults list + run-level keys (method, out_dir)
+    model/ data/ env/ trainer/ experiment/ debug/     groups (debug=tiny shrinks everything)
+
+Typical use::
+
+    cfg = compose(["experiment=bc_reach", "debug=tiny", "trainer.max_steps=5"])
+    trainer_cfg = to_object(cfg.trainer)          # a validated TrainerConfig
+    save_resolved(cfg, out_dir)                   # out_dir/config.yaml and config.json, atomically
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from core.errors import ConfigError
+from core.io import write_json, write_text
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+_PRECISIONS = ("auto", "fp32", "bf16")
+_OPTIMIZERS = ("adamw", "adam", "sgd")
+_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer. ``param_group_lrs`` maps a parameter-group name (the model's ``param_groups``) to its lr."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    momentum: float = 0.9
+    param_group_lrs: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        _choice("optim.name", self.name, _OPTIMIZERS)
+        _positive("optim.lr", self.lr)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        for k, v in self.param_group_lrs.items():
+            _positive(f"optim.param_group_lrs.{k}", v)
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule: linear warm-up over ``warmup_steps``, then ``name`` down to ``min_lr_ratio``."""
+
+    name: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self):
+        _choice("scheduler.name", self.name, _SCHEDULES)
+        if self.warmup_steps < 0:
+            raise ConfigError(f"scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"scheduler.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass
+class TrainerConfig:
+    """The shared trainer (core/trainer.py). Batch sizes are per process; the global batch is
+    ``batch_size * grad_accum * world_size``."""
+
+    max_steps: int = 1000
+    batch_size: int = 8
+    grad_accum: int = 1
+    grad_clip: float | None = 1.0
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_workers: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = True
+    ema_decay: float | None = None
+    ckpt_every: int = 500
+    keep_last: int = 2
+    log_every: int = 10
+    tensorboard: bool = True
+    progress: bool = True
+    resume: bool = True
+    gradient_checkpointing: bool = False
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self):
+        for key in ("max_steps", "batch_size", "grad_accum", "ckpt_every", "log_every", "keep_last"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        if self.num_workers < 0:
+            raise ConfigError(f"trainer.num_workers must be >= 0, got {self.num_workers}")
+        _choice("trainer.precision", self.precision, _PRECISIONS)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"trainer.grad_clip must be > 0 or null, got {self.grad_clip}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"trainer.ema_decay must be in (0, 1) or null, got {self.ema_decay}")
+        # OmegaConf.to_object builds nested dataclasses first, but a plain constructor call with
+        # dicts (tests, scripts) should work too.
+        if isinstance(self.optim, dict):
+            self.optim = OptimConfig(**self.optim)
+        if isinstance(self.scheduler, dict):
+            self.scheduler = SchedulerConfig(**self.scheduler)
+
+
+@dataclass
+class RunConfig:
+    """Root of every composed config. ``model`` / ``data`` / ``env`` are filled by their groups, each
+    with its own structured schema (registered by the method that owns it)."""
+
+    method: str | None = None
+    out_dir: str = "outputs/run"
+    model: Any = None
+    data: Any = None
+    env: Any = None
+    eval: Any = None
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Schema registration
+
+_SCHEMAS: dict[tuple[str | None, str], type] = {
+    (None, "run_schema"): RunConfig,
+    ("trainer", "trainer_schema"): TrainerConfig,
+}
+_registered_in_store: set[tuple[str | None, str]] = set()
+
+
+def register_schema(group: str | None, name: str, node: type) -> type:
+    """Register a dataclass schema under ``group/name`` in Hydra's ConfigStore.
+
+    Methods call this (usually at import of their ``configuration_*.py``) so that their YAML files can
+    start with ``defaults: [<name>, _self_]`` and inherit strict key checking.
+    """
+    if not dataclasses.is_dataclass(node):
+        raise TypeError(f"schema {name!r} must be a dataclass, got {node!r}")
+    _SCHEMAS[(group, name)] = node
+    return node
+
+
+def schema(group: str | None, name: str):
+    """Class decorator form of ``register_schema``."""
+
+    def decorator(cls: type) -> type:
+        return register_schema(group, name, cls)
+
+    return decorator
+
+
+def _store_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    _import_config_modules()
+    cs = ConfigStore.instance()
+    for (group, name), node in _SCHEMAS.items():
+        if (group, name) in _registered_in_store:
+            continue
+        if group is None:
+            cs.store(name=name, node=node)
+        else:
+            cs.store(group=group, name=name, node=node)
+        _registered_in_store.add((group, name))
+
+
+# Modules whose import registers schemas. Light modules only (configuration_*.py), listed here so
+# that composing any config sees every schema — one place, no import-time side effects elsewhere.
+CONFIG_MODULES: list[str] = [
+    "core.data.configuration_data",
+    "worldmodels.bc.configuration_bc",
+]
+
+
+def _import_config_modules() -> None:
+    import importlib
+
+    for mod in CONFIG_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:  # a module listed before its method lands
+            if e.name is None or not mod.startswith(e.name):
+                raise
+
+
+# ----------------------------------------------------------------------------------------------
+# Composition
+
+
+def compose(
+    overrides: Sequence[str] = (),
+    config_name: str = "config",
+    config_dir: str | Path | None = None,
+    validate: bool = True,
+) -> DictConfig:
+    """Compose ``configs/<config_name>.yaml`` with Hydra overrides; errors become one-line ``ConfigError``s.
+
+    Args:
+        overrides: Hydra override strings, e.g. ``["debug=tiny", "trainer.max_steps=5"]``.
+        config_name: Root config file (without ``.yaml``).
+        config_dir: The config tree; defaults to the repository's ``configs/``.
+        validate: Also build every structured node into its dataclass (runs ``__post_init__``).
+
+    Returns:
+        The composed config with interpolations left in place (``resolve`` resolves them).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _store_schemas()
+    config_dir = Path(config_dir or CONFIG_DIR).resolve()
+    if not config_dir.is_dir():
+        raise ConfigError(f"config directory {config_dir} does not exist")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    except Exception as e:  # Hydra wraps OmegaConf errors in several exception types
+        raise ConfigError(_explain(e, overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if validate:
+        check(cfg)
+    return cfg
+
+
+def check(cfg: DictConfig) -> None:
+    """Resolve interpolations and build every structured node (runs each schema's validation)."""
+    allowed = {f.name for f in dataclasses.fields(RunConfig)}
+    for key in cfg:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown top-level config key {key!r}{hint}")
+    try:
+        OmegaConf.resolve(cfg)
+        OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        raise ConfigError(_explain(e, ())) from None
+
+
+def to_object(node: Any) -> Any:
+    """A validated dataclass (or plain container) from a config node."""
+    if isinstance(node, DictConfig):
+        try:
+            return OmegaConf.to_object(node)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_explain(e, ())) from None
+    return node
+
+
+def to_container(cfg: Any) -> Any:
+    """Plain dicts / lists with interpolations resolved (dataclasses converted too)."""
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True, structured_config_mode=_sc_mode())
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)
+    return cfg
+
+
+def _sc_mode():
+    from omegaconf import SCMode
+
+    return SCMode.DICT
+
+
+def save_resolved(cfg: Any, out_dir: str | Path) -> Path:
+    """Write the resolved config next to an output as ``config.yaml`` (for people) and ``config.json``."""
+    out_dir = Path(out_dir)
+    container = to_container(cfg)
+    write_text(out_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
+    write_json(out_dir / "config.json", container)
+    return out_dir / "config.json"
+
+
+def _explain(e: Exception, overrides: Sequence[str]) -> str:
+    """One line saying which key or option was wrong, with close matches where we can find them."""
+    cause: BaseException = e
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    key = getattr(cause, "full_key", None) or getattr(cause, "key", None)
+    m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", str(e)) or re.search(
+        r"Could not override '([^']+)'", str(e)
+    )
+    bad = m.group(1) if m else (str(key) if key else None)
+    hint = ""
+    parent_type = getattr(cause, "object_type", None)
+    if bad and parent_type is not None and dataclasses.is_dataclass(parent_type):
+        leaf = bad.split(".")[-1]
+        options = [f.name for f in dataclasses.fields(parent_type)]
+        close = difflib.get_close_matches(leaf, options, n=3)
+        if close:
+            hint = f"; did you mean {', '.join(close)}?"
+    if m and "Could not override" in m.group(0):
+        # Hydra's own message is two lines; the second names the real cause.
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines[1:] if "Key" in ln or "Error" in ln), "")
+        return f"unknown or invalid config key {bad!r}{': ' + detail if detail else ''}{hint}"
+    if "Key '" in msg and "not in" in msg:
+        return f"unknown config key {bad!r} ({msg}){hint}"
+    return f"config error: {msg}{hint}"
+
+
+def _choice(key: str, value: Any, options: Sequence[Any]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, options))}; got {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key} must be > 0, got {value}")
