@@ -297,31 +297,39 @@ def save_resolved(cfg: Any, out_dir: str | Path) -> Path:
 
 def _explain(e: Exception, overrides: Sequence[str]) -> str:
     """One line saying which key or option was wrong, with close matches where we can find them."""
-    cause: BaseException = e
-    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
-        cause = cause.__cause__
-    msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    key = getattr(cause, "full_key", None) or getattr(cause, "key", None)
-    m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", str(e)) or re.search(
-        r"Could not override '([^']+)'", str(e)
-    )
-    bad = m.group(1) if m else (str(key) if key else None)
-    hint = ""
-    parent_type = getattr(cause, "object_type", None)
-    if bad and parent_type is not None and dataclasses.is_dataclass(parent_type):
-        leaf = bad.split(".")[-1]
-        options = [f.name for f in dataclasses.fields(parent_type)]
-        close = difflib.get_close_matches(leaf, options, n=3)
-        if close:
-            hint = f"; did you mean {', '.join(close)}?"
-    if m and "Could not override" in m.group(0):
-        # Hydra's own message is two lines; the second names the real cause.
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        detail = next((ln for ln in lines[1:] if "Key" in ln or "Error" in ln), "")
-        return f"unknown or invalid config key {bad!r}{': ' + detail if detail else ''}{hint}"
-    if "Key '" in msg and "not in" in msg:
-        return f"unknown config key {bad!r} ({msg}){hint}"
-    return f"config error: {msg}{hint}"
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    text = "\n".join(str(c) for c in chain)
+    where = re.search(r"In '([^']+)'", text)
+    place = f" (in {where.group(1)}.yaml)" if where and "/" in where.group(1) else ""
+    m = re.search(r"Key '([^']+)' (?:not in|is not in struct)", text)
+    override = re.search(r"Could not override '([^']+)'", text)
+    if m or override:
+        bad = override.group(1) if override else m.group(1)
+        hint = ""
+        parent_type = next((getattr(c, "object_type", None) for c in chain if getattr(c, "object_type", None)), None)
+        if parent_type is not None and dataclasses.is_dataclass(parent_type):
+            leaf = (m.group(1) if m else bad).split(".")[-1]
+            close = difflib.get_close_matches(leaf, [f.name for f in dataclasses.fields(parent_type)], n=3)
+            if close:
+                hint = f"; did you mean {', '.join(close)}?"
+        if m and override and m.group(1) != bad.split(".")[-1]:
+            bad = f"{bad} ({m.group(1)})"
+        return f"unknown config key {bad!r}{place}{hint}"
+    value = re.search(r"Value '([^']*)' (?:of type '[^']+' )?could not be converted to (\w+)", text)
+    if value:
+        key = re.search(r"full_key: (\S+)", text)
+        return f"bad value {value.group(1)!r} for {key.group(1) if key else 'a config key'}: expected {value.group(2)}"
+    missing = re.search(r"Could not find '([^']+)'", text)
+    if missing:
+        opts = re.search(r"Available options in '[^']+':\s*((?:\s*\S+\n?)+?)(?:\n\s*\n|Config search path|$)", text)
+        names = ", ".join(opts.group(1).split()) if opts else "none"
+        return f"no config {missing.group(1)!r} (available: {names})"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type"))]
+    return f"config error: {lines[-1] if lines else type(e).__name__}{place}"
 
 
 def _choice(key: str, value: Any, options: Sequence[Any]) -> None:

@@ -1,0 +1,54 @@
+"""The one registry mechanism: lazy string targets, decorators, helpful errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from core.errors import ConfigError
+from core.registry import Registry, import_target
+
+
+def test_lazy_target_is_imported_on_first_use():
+    reg = Registry("thing")
+    sys.modules.pop("json.tool", None)
+    reg.register("tool", "json.tool:main")
+    assert not reg.is_loaded("tool") and "json.tool" not in sys.modules
+    fn = reg.get("tool")
+    assert callable(fn) and reg.is_loaded("tool") and "json.tool" in sys.modules
+
+
+def test_decorator_build_and_meta():
+    reg = Registry("model")
+
+    @reg.register("adder", paper="none")
+    def adder(a, b=1):
+        return a + b
+
+    assert reg.build("adder", 2, b=3) == 5
+    assert reg.meta("adder") == {"paper": "none"}
+    assert "adder" in reg and reg.names() == ["adder"] and len(reg) == 1
+
+
+def test_unknown_name_suggests_close_matches():
+    reg = Registry("model")
+    reg.register("transnormal", "json:dumps")
+    with pytest.raises(ConfigError, match="unknown model 'transnormel'; did you mean transnormal"):
+        reg.get("transnormel")
+
+
+def test_duplicate_registration_is_an_error():
+    reg = Registry("model")
+    reg.register("a", "json:dumps")
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a", "json:loads")
+    reg.register("a", "json:loads", overwrite=True)
+    assert reg.get("a").__name__ == "loads"
+
+
+def test_bad_targets():
+    with pytest.raises(ConfigError, match="has no attribute"):
+        import_target("json:nope")
+    with pytest.raises(ConfigError, match="bad import target"):
+        import_target("json")
