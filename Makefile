@@ -1,0 +1,76 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Each creates .venv if missing and installs what is missing (a second run installs nothing).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering.
+DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+export SDL_VIDEODRIVER ?= dummy
+export HF_HUB_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Benchmarks and tests must not oversubscribe the 2-core CI machine.
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: .deb-check all setup demo test test-all test-slow bench lint format clean constraints help
+
+help:
+	@echo "make demo   - set up, then run the main job (embodied demo) on embedded defaults"
+	@echo "make test   - set up, then run the whole test suite (not the @slow tests)"
+	@echo "make test-all - every test, slow ones included"
+	@echo "make bench  - set up, then run every benchmark with --quick (JSON in benchmarks/results/)"
+	@echo "make lint   - ruff"
+
+setup: $(STAMP)
+
+# System packages: installed only when missing (CI runs as root; elsewhere sudo is tried).
+.deb-check:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+
+# Re-install only when the dependency declaration changes.
+$(STAMP): pyproject.toml requirements/constraints.txt | $(PY)
+	@$(MAKE) --no-print-directory .deb-check
+	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/embodied demo --out outputs/demo
+
+test: setup
+	$(PY) -m pytest -q -m "not slow" --timeout=900
+
+test-all: setup
+	$(PY) -m pytest -q --timeout=1800
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow --timeout=1800
+
+bench: setup
+	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common)$$'); do \
+	  echo "== benchmarks.$$b"; $(PY) -m benchmarks.$$b --quick; done
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# Regenerate the exact pins from the current venv (after a deliberate dependency change).
+constraints: $(PY)
+	$(PY) -m pip freeze --exclude-editable | grep -vE '^(embodied-workspace|-e )' > requirements/constraints.txt
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

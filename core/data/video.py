@@ -1,0 +1,255 @@
+"""Video clips from mp4 files or frame folders, and an atomic mp4 writer.
+
+Decoding and encoding go through imageio-ffmpeg (its bundled ffmpeg; libx264, yuv420p). PyAV is not
+installed in this environment, so it is not used.
+
+Sources: ``*.mp4`` / ``*.mov`` / ``*.avi`` / ``*.mkv`` / ``*.webm`` files, and folders of frames
+(``*.png`` / ``*.jpg``, sorted by the number in the name, else by name).
+
+Sample of ``VideoClipDataset``:
+    ``video``        (T, 3, H, W) uint8 RGB, frames ``start, start + stride, ..., start + (T-1) stride``
+    ``video_index``  () int64, index into ``dataset.sources``
+    ``start``        () int64, first frame index
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from core.errors import DataError
+from core.io import atomic_path
+
+__all__ = ["VideoClipDataset", "probe_video", "read_frames", "write_mp4"]
+
+VIDEO_EXTS = (".mp4", ".mov", ".avi", ".mkv", ".webm")
+FRAME_EXTS = (".png", ".jpg", ".jpeg")
+
+
+def write_mp4(
+    path: str | os.PathLike, frames: np.ndarray | Sequence[np.ndarray], fps: float = 30.0, crf: int = 18
+) -> Path:
+    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 mp4, atomically (temp file + rename).
+
+    Odd frame sizes are padded by one pixel (edge-replicated) at the bottom / right, as yuv420p needs
+    even dimensions.
+
+    Args:
+        path: Destination ``.mp4``.
+        frames: (T, H, W, 3) uint8 array or a sequence of (H, W, 3) uint8 frames.
+        fps: Frames per second.
+        crf: x264 constant rate factor (0 = lossless luma, 18 = visually lossless, 23 = default).
+    """
+    import imageio_ffmpeg
+
+    path = Path(path)
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
+        raise ValueError(f"frames must be (T, H, W, 3) uint8 with T >= 1, got {frames.shape} {frames.dtype}")
+    _, h, w, _ = frames.shape
+    ph, pw = h % 2, w % 2
+    if ph or pw:
+        frames = np.pad(frames, ((0, 0), (0, ph), (0, pw), (0, 0)), mode="edge")
+    with atomic_path(path) as tmp:
+        writer = imageio_ffmpeg.write_frames(
+            str(tmp),
+            (w + pw, h + ph),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            macro_block_size=1,
+            output_params=["-crf", str(crf)],
+            ffmpeg_log_level="error",
+        )
+        writer.send(None)
+        try:
+            for f in frames:
+                writer.send(np.ascontiguousarray(f))
+        finally:
+            writer.close()
+    return path
+
+
+def probe_video(path: str | os.PathLike) -> tuple[int, float, tuple[int, int]]:
+    """Return (number of frames, fps, (H, W)) of a video file, decoding it once to count exactly."""
+    import imageio_ffmpeg
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "no such file")
+    try:
+        gen = imageio_ffmpeg.read_frames(str(path))
+        meta = gen.__next__()
+        gen.close()
+        n, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+    except (OSError, RuntimeError, StopIteration) as e:
+        raise DataError(path, f"cannot decode video ({_reason(e)})") from None
+    w, h = meta["size"]
+    return int(n), float(meta["fps"]), (int(h), int(w))
+
+
+def read_frames(
+    path: str | os.PathLike, start: int = 0, count: int | None = None, fps: float | None = None
+) -> np.ndarray:
+    """Decode ``count`` consecutive frames from frame ``start`` -> (count, H, W, 3) uint8 RGB.
+
+    Seeks by timestamp (``start / fps``, accurate seek in ffmpeg), so only the needed frames are decoded.
+    """
+    import imageio_ffmpeg
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "no such file")
+    input_params = []
+    if start > 0:
+        if fps is None:
+            _, fps, _ = probe_video(path)
+        input_params = ["-ss", f"{(start - 0.5) / fps:.6f}"]
+    output_params = ["-frames:v", str(count)] if count is not None else []
+    try:
+        gen = imageio_ffmpeg.read_frames(str(path), input_params=input_params, output_params=output_params)
+        meta = gen.__next__()
+        w, h = meta["size"]
+        frames = [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in gen]
+    except (OSError, RuntimeError, StopIteration) as e:
+        raise DataError(path, f"cannot decode video ({_reason(e)})") from None
+    if count is not None and len(frames) < count:
+        raise DataError(path, f"wanted frames {start}..{start + count - 1}, decoded only {len(frames)}")
+    return np.stack(frames) if frames else np.zeros((0, h, w, 3), np.uint8)
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__
+
+
+def _frame_files(folder: Path) -> list[Path]:
+    files = [p for p in folder.iterdir() if p.suffix.lower() in FRAME_EXTS]
+
+    def key(p: Path):
+        nums = re.findall(r"\d+", p.stem)
+        return (int(nums[-1]) if nums else -1, p.name)
+
+    return sorted(files, key=key)
+
+
+class VideoClipDataset(Dataset):
+    """Map-style dataset of fixed-length clips from videos and frame folders.
+
+    Args:
+        sources: Video files, frame folders, or folders containing videos / frame folders (one level).
+        clip_len: Frames per clip ``T``.
+        stride: Step between frames inside a clip (temporal subsampling).
+        step: Step between the start frames of consecutive clips; ``clip_len * stride`` (no overlap) when
+            None.
+        size: Optional (H, W) to resize every frame to (bilinear; for mixing sources of different sizes).
+        on_error: ``"raise"`` on an unreadable source, or ``"skip"`` it (counted in ``skipped``).
+    """
+
+    def __init__(
+        self,
+        sources: str | os.PathLike | Sequence[str | os.PathLike],
+        clip_len: int = 8,
+        stride: int = 1,
+        step: int | None = None,
+        size: tuple[int, int] | None = None,
+        on_error: Literal["raise", "skip"] = "raise",
+    ):
+        if clip_len < 1 or stride < 1 or (step is not None and step < 1):
+            raise ValueError("clip_len, stride and step must be >= 1")
+        if isinstance(sources, (str, os.PathLike)):
+            sources = [sources]
+        self.clip_len, self.stride, self.size = clip_len, stride, size
+        self.step = step if step is not None else clip_len * stride
+        self.on_error = on_error
+        self.skipped = 0
+        self.errors: list[DataError] = []
+        self.sources: list[Path] = []
+        self._meta: list[tuple[int, float]] = []  # (num_frames, fps); fps 0 for frame folders
+        self._frames: dict[int, list[Path]] = {}
+        index: list[tuple[int, int]] = []
+        for src in self._expand([Path(s) for s in sources]):
+            try:
+                if src.is_dir():
+                    files = _frame_files(src)
+                    if not files:
+                        raise DataError(src, "folder holds no frames (*.png / *.jpg)")
+                    n, fps = len(files), 0.0
+                else:
+                    n, fps, _ = probe_video(src)
+            except DataError as e:
+                if on_error == "raise":
+                    raise
+                self.errors.append(e)
+                self.skipped += 1
+                continue
+            vi = len(self.sources)
+            self.sources.append(src)
+            self._meta.append((n, fps))
+            if src.is_dir():
+                self._frames[vi] = files
+            span = (clip_len - 1) * stride + 1
+            index += [(vi, s) for s in range(0, n - span + 1, self.step)]
+        self._index = np.array(index, dtype=np.int64).reshape(-1, 2)
+
+    @staticmethod
+    def _expand(paths: list[Path]) -> list[Path]:
+        out: list[Path] = []
+        for p in paths:
+            if p.is_file():
+                out.append(p)
+            elif p.is_dir() and _frame_files(p):
+                out.append(p)
+            elif p.is_dir():
+                kids = sorted(p.iterdir())
+                out += [
+                    k
+                    for k in kids
+                    if (k.is_file() and k.suffix.lower() in VIDEO_EXTS) or (k.is_dir() and _frame_files(k))
+                ]
+            else:
+                raise DataError(p, "no such file or folder")
+        return out
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def clip(self, video_index: int, start: int) -> np.ndarray:
+        """Frames of one clip: (T, H, W, 3) uint8."""
+        src = self.sources[video_index]
+        span = (self.clip_len - 1) * self.stride + 1
+        if video_index in self._frames:
+            from core.data.images import read_image
+
+            files = self._frames[video_index][start : start + span : self.stride]
+            frames = []
+            for f in files:
+                img = read_image(f)
+                frames.append(np.repeat(img[..., None], 3, 2) if img.ndim == 2 else img[..., :3])
+            shapes = {fr.shape for fr in frames}
+            if len(shapes) > 1 and self.size is None:
+                raise DataError(src, f"frames differ in size: {sorted(shapes)}")
+        else:
+            frames = list(read_frames(src, start, span, fps=self._meta[video_index][1])[:: self.stride])
+        if self.size is not None:
+            import cv2
+
+            h, w = self.size
+            frames = [cv2.resize(f, (w, h), interpolation=cv2.INTER_LINEAR) for f in frames]
+        return np.stack(frames)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        vi, start = (int(x) for x in self._index[index])
+        frames = self.clip(vi, start)
+        return {
+            "video": torch.from_numpy(np.ascontiguousarray(frames.transpose(0, 3, 1, 2))),
+            "video_index": torch.tensor(vi, dtype=torch.int64),
+            "start": torch.tensor(start, dtype=torch.int64),
+        }
