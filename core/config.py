@@ -124,6 +124,101 @@ class TrainerConfig:
 
 
 @dataclass
+class RecordConfig:
+    """How to make missing trajectory data by rolling out a policy in the simulator (``sim.recorder``)."""
+
+    env_id: str | None = None
+    episodes: int = 0  # 0: never record; a missing file is then an error
+    policy: str = "scripted"
+    noise: float = 0.05
+    seed: int = 0
+    image_size: int = 64
+
+
+@dataclass
+class TrajectoryDataConfig:
+    """``core.data.trajectories.TrajectoryDataset`` over robomimic / LIBERO HDF5 files."""
+
+    paths: list[str] = field(default_factory=list)
+    obs_keys: list[str] = field(default_factory=lambda: ["image", "proprio"])
+    horizon: int = 1
+    frame_stack: int = 1
+    stride: int = 1
+    filter_key: str | None = None
+    on_error: str = "raise"
+    record: RecordConfig = field(default_factory=RecordConfig)
+
+    def __post_init__(self):
+        _choice("data.on_error", self.on_error, ("raise", "skip"))
+        for key in ("horizon", "frame_stack", "stride"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
+class DenseImageDataConfig:
+    """``core.data.images`` folders: the project's "embodied-dense" layout or ClearGrasp's."""
+
+    root: str = "outputs/datasets/normals"
+    layout: str = "embodied-dense"
+    train_split: str = "train"
+    test_split: str = "test"
+    image_size: int = 64
+
+    def __post_init__(self):
+        _choice("data.layout", self.layout, ("embodied-dense", "cleargrasp"))
+
+
+@dataclass
+class PanoramaDataConfig:
+    """``core.data.panoramas``: equirectangular RGB + depth + semantics (embodied-dense or Stanford2D3D)."""
+
+    root: str = "outputs/datasets/panoramas"
+    layout: str = "embodied-dense"
+    train_split: str = "train"
+    test_split: str = "test"
+    height: int = 64
+
+    def __post_init__(self):
+        _choice("data.layout", self.layout, ("embodied-dense", "stanford2d3d"))
+
+
+@dataclass
+class VideoDataConfig:
+    """``core.data.video.VideoClipDataset`` over mp4 files or frame folders."""
+
+    root: str = "outputs/datasets/videos"
+    clip_length: int = 8
+    stride: int = 1
+    size: int = 64
+
+
+@dataclass
+class EnvConfig:
+    """A simulator environment for rollouts and closed-loop evaluation (``sim``)."""
+
+    id: str = "embodied/Reach-Panda-v0"
+    image_size: int = 64
+    num_envs: int = 1
+    episodes: int = 10
+    seed: int = 1000  # evaluation seeds start here, away from the training rollouts' seeds
+    max_episode_steps: int | None = None
+
+    def __post_init__(self):
+        if self.episodes < 1 or self.num_envs < 1:
+            raise ConfigError(f"env.episodes and env.num_envs must be >= 1, got {self.episodes}, {self.num_envs}")
+
+
+@dataclass
+class EvalConfig:
+    """What ``embodied eval METHOD`` evaluates: a checkpoint (default: the run's newest) against baselines."""
+
+    checkpoint: str | None = None
+    baselines: list[str] = field(default_factory=list)
+    video: bool = False
+
+
+@dataclass
 class RunConfig:
     """Root of every composed config. ``model`` / ``data`` / ``env`` are filled by their groups, each
     with its own structured schema (registered by the method that owns it)."""
@@ -133,7 +228,7 @@ class RunConfig:
     model: Any = None
     data: Any = None
     env: Any = None
-    eval: Any = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -143,6 +238,11 @@ class RunConfig:
 _SCHEMAS: dict[tuple[str | None, str], type] = {
     (None, "run_schema"): RunConfig,
     ("trainer", "trainer_schema"): TrainerConfig,
+    ("data", "trajectories_schema"): TrajectoryDataConfig,
+    ("data", "dense_images_schema"): DenseImageDataConfig,
+    ("data", "panoramas_schema"): PanoramaDataConfig,
+    ("data", "videos_schema"): VideoDataConfig,
+    ("env", "env_schema"): EnvConfig,
 }
 _registered_in_store: set[tuple[str | None, str]] = set()
 
@@ -186,7 +286,6 @@ def _store_schemas() -> None:
 # Modules whose import registers schemas. Light modules only (configuration_*.py), listed here so
 # that composing any config sees every schema — one place, no import-time side effects elsewhere.
 CONFIG_MODULES: list[str] = [
-    "core.data.configuration_data",
     "worldmodels.bc.configuration_bc",
 ]
 

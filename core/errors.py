@@ -20,10 +20,14 @@ class DataError(EmbodiedError):
     DataLoader worker still says which file was bad.
     """
 
-    def __init__(self, path: str | os.PathLike, reason: str):
+    def __init__(self, path: str | os.PathLike, reason: str | None = None):
         self.path = str(path)
         self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+        super().__init__(self.path if reason is None else f"{self.path}: {reason}")
+
+    def __reduce__(self):
+        # Picklable with both fields, so an error raised in a DataLoader worker keeps its type.
+        return (type(self), (self.path, self.reason))
 
 
 class CheckpointError(EmbodiedError):

@@ -9,7 +9,7 @@ them. A name listed in ``PLANNED`` but not registered answers "not built yet" wi
 
 from __future__ import annotations
 
-from core.registry import METHODS, Registry
+from core.registry import METHODS, POLICIES, Registry
 
 # Methods of the workspace: name -> (folder, one-line description). The table the CLI and the demo show.
 PLANNED: dict[str, tuple[str, str]] = {
@@ -36,9 +36,11 @@ INFER_KINDS: dict[str, str] = {
 # Inference entry points, by kind (lazy "module:function" strings taking parsed args, returning an exit code).
 INFER = Registry("inference command")
 
-# Registered (built) methods. Entry: the task module with train(cfg) / evaluate(cfg).
-# e.g. METHODS.register("transnormal", "perception.normals.task", folder="perception/normals")
-# INFER.register("normals", "perception.normals.cli:infer")
+# Registered (built) methods. Entry: the task module with train(cfg) / evaluate(cfg); a method that can
+# act in the simulator also registers a policy factory (checkpoint_dir, env) -> sim.api.Policy.
+METHODS.register("bc", "worldmodels.bc.task", folder="worldmodels/bc",
+                 description="behaviour-cloning proposal policy (reference method; the planners' sampler)")
+POLICIES.register("bc", "worldmodels.bc.task:load_policy")
 
 
 def status() -> list[dict[str, str]]:

@@ -24,7 +24,13 @@ from core.errors import ConfigError
 
 
 def import_target(target: str) -> Any:
-    """Import ``"package.module:attr"`` (or ``"package.module.attr"``) and return the attribute."""
+    """Import ``"package.module:attr"`` and return the attribute; ``"package.module"`` returns the module."""
+    if ":" not in target:
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            if e.name != target:
+                raise
     if ":" in target:
         module_name, _, attr_path = target.partition(":")
     else:

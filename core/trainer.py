@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from core import checkpoint as ckpt
 from core import distributed as D
 from core.config import TrainerConfig
+from core.data.samplers import ResumableDistributedSampler
 from core.errors import ConfigError, EmbodiedError
 from core.logging import MetricsLogger, get_logger, progress
 
@@ -54,42 +55,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
-
-
-class EpochSampler(torch.utils.data.Sampler[int]):
-    """Deterministic, resumable, rank-aware index order.
-
-    Epoch ``e`` is a permutation drawn from ``seed + e`` (or the identity without shuffling), padded
-    by wrap-around to a multiple of ``world_size`` and split round-robin between ranks — the same split
-    as ``torch.utils.data.DistributedSampler``, so a 2-rank run sees the same global batches as one
-    rank with twice the batch. ``start`` skips the samples this rank already consumed in the epoch.
-    """
-
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1):
-        if n < 1:
-            raise ConfigError("the training dataset is empty")
-        self.n, self.shuffle, self.seed, self.rank, self.world_size = n, shuffle, seed, rank, world_size
-        self.epoch = 0
-        self.start = 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def indices(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
-        else:
-            order = list(range(self.n))
-        total = math.ceil(self.n / self.world_size) * self.world_size
-        order = (order * math.ceil(total / self.n))[:total]
-        return order[self.rank :: self.world_size]
-
-    def __iter__(self):
-        return iter(self.indices()[self.start :])
-
-    def __len__(self) -> int:
-        return math.ceil(self.n / self.world_size) - self.start
 
 
 class _StepModule(nn.Module):
@@ -242,7 +207,12 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.ema = EMA(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.dataset = dataset
-        self.sampler = EpochSampler(len(dataset), cfg.shuffle, cfg.seed, self.dist.rank, self.dist.world_size)
+        if len(dataset) < 1:
+            raise ConfigError("the training dataset is empty")
+        # Data order is a function of (seed, epoch, world size) only, split between ranks as
+        # DistributedSampler does, so 2 ranks see the same global batches as 1 rank with twice the batch.
+        self.sampler = ResumableDistributedSampler(dataset, self.dist.world_size, self.dist.rank,
+                                                   shuffle=cfg.shuffle, seed=cfg.seed)
         self._loader_gen = torch.Generator()
         self.loader = DataLoader(
             dataset,
@@ -264,9 +234,6 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of this epoch already consumed
-        self._batches_per_epoch = len(dataset) // max(1, self.dist.world_size) // cfg.batch_size
-        if not cfg.drop_last:
-            self._batches_per_epoch = math.ceil(math.ceil(len(dataset) / self.dist.world_size) / cfg.batch_size)
         self.autocast_dtype = self._autocast_dtype()
 
     # ------------------------------------------------------------------------------------------
@@ -284,7 +251,8 @@ class Trainer:
     def _batches(self):
         """Yield device batches forever, advancing (epoch, batch_in_epoch) deterministically."""
         while True:
-            self.sampler.set_epoch(self.epoch, start=self.batch_in_epoch * self.cfg.batch_size)
+            self.sampler.set_epoch(self.epoch)
+            self.sampler.set_start_index(self.batch_in_epoch * self.cfg.batch_size)
             self._loader_gen.manual_seed(self.cfg.seed * 1_000_003 + self.epoch * 101 + self.dist.rank)
             for batch in self.loader:
                 self.batch_in_epoch += 1

@@ -42,12 +42,8 @@ class BatchTransform(Protocol):
 
 def augment_seed(seed: int, step: int) -> int:
     """The 63-bit generator seed of batch ``step`` for base ``seed`` (stable across processes)."""
-    return int(
-        np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, step]).generate_state(
-            2, np.uint64
-        )[0]
-        >> 1
-    )
+    words = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, step]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0]) >> 1
 
 
 def _map(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -123,16 +119,11 @@ class RandomCrop:
         B = batch[keys[0]].shape[0]
         y0 = torch.randint(0, H - h + 1, (B,), generator=generator)
         x0 = torch.randint(0, W - w + 1, (B,), generator=generator)
+        ys, xs = y0.tolist(), x0.tolist()
         out = dict(batch)
         for k in keys:
-            v = batch[k]
-            dev = v.device
-            rows = (y0[:, None] + torch.arange(h)).to(dev)  # (B, h)
-            cols = (x0[:, None] + torch.arange(w)).to(dev)  # (B, w)
-            flat = v.reshape(B, -1, H, W)  # (B, C', H, W)
-            bi = torch.arange(B, device=dev)[:, None, None]
-            crop = flat[bi, :, rows[:, :, None], cols[:, None, :]]  # (B, h, w, C')
-            out[k] = crop.permute(0, 3, 1, 2).reshape(*v.shape[:-2], h, w).contiguous()
+            v = batch[k]  # (B, ..., H, W): B strided views, one copy
+            out[k] = torch.stack([v[b, ..., y : y + h, x : x + w] for b, (y, x) in enumerate(zip(ys, xs))])
         return out
 
 
@@ -299,7 +290,7 @@ class DeviceLoader:
 
     def _copy_async(self, batch: Any) -> tuple[Any, torch.cuda.Event]:
         assert self._stream is not None
-        batch = _map(batch, lambda t: t if t.is_pinned() else t.pin_memory())
+        batch = _map(batch, lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t)
         with torch.cuda.stream(self._stream):
             out = _map(batch, lambda t: t.to(self.device, non_blocking=True))
             event = torch.cuda.Event()
@@ -325,15 +316,14 @@ class DeviceLoader:
                 except StopIteration:
                     return
 
-        with torch.cuda.device(self.device):
-            fill()
-            while queue:
-                batch, event = queue.popleft()
-                compute = torch.cuda.current_stream(self.device)
-                compute.wait_event(event)
-                for t in _tensors(batch):
-                    t.record_stream(compute)
-                fill()  # queue the next copies before this batch's compute is issued
-                out = self._transform(batch)
-                self.step += 1
-                yield out
+        fill()
+        while queue:
+            batch, event = queue.popleft()
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(event)
+            for t in _tensors(batch):
+                t.record_stream(compute)
+            fill()  # queue the next copies before this batch's compute is issued
+            out = self._transform(batch)
+            self.step += 1
+            yield out

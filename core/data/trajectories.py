@@ -174,7 +174,7 @@ class TrajectoryWriter:
         meta = dict(env_meta or {})
         env_args = {
             "env_name": meta.pop("env_name", ""),
-            "env_type": meta.pop("env_type", ""),
+            "env_type": meta.pop("env_type", None),
             "env_kwargs": meta.pop("env_kwargs", {}),
             **meta,
         }

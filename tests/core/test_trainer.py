@@ -18,7 +18,7 @@ from core.config import TrainerConfig
 from core.errors import ConfigError
 from core.logging import read_metrics
 from core.testing import ToyRegressionDataset, ToyRegressor, run_toy_training
-from core.trainer import EpochSampler, Trainer, TrainingError, lr_lambda
+from core.trainer import Trainer, TrainingError, lr_lambda
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,19 +121,6 @@ def test_ddp_two_processes_equal_one(tmp_path):
     torch.manual_seed(1234)
     init = ToyRegressor()
     assert not torch.allclose(init.state_dict()["net.0.weight"], a["net.0.weight"])
-
-
-def test_epoch_sampler_splits_like_distributed_sampler():
-    full = EpochSampler(10, shuffle=True, seed=3)
-    r0 = EpochSampler(10, shuffle=True, seed=3, rank=0, world_size=2)
-    r1 = EpochSampler(10, shuffle=True, seed=3, rank=1, world_size=2)
-    ref = torch.utils.data.DistributedSampler(range(10), num_replicas=2, rank=0, shuffle=True, seed=3)
-    assert sorted(r0.indices() + r1.indices()) == sorted(full.indices())
-    assert len(r0.indices()) == len(list(ref))
-    r0.set_epoch(0, start=2)
-    assert list(r0) == r0.indices()[2:]
-    full.set_epoch(1)
-    assert full.indices() != EpochSampler(10, seed=3).indices()
 
 
 def test_lr_schedule_warmup_then_cosine():

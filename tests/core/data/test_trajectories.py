@@ -51,7 +51,15 @@ def test_libero_file_loads_unchanged(libero_file):
         assert f.env_meta["env_name"] == "Libero_Kitchen_Tabletop_Manipulation"
         assert f.attrs("demo_0")["init_state"].shape == (47,)
         assert f.obs_keys("demo_1") == sorted(
-            ["agentview_rgb", "eye_in_hand_rgb", "ee_pos", "ee_ori", "ee_states", "gripper_states", "joint_states"]
+            [
+                "agentview_rgb",
+                "eye_in_hand_rgb",
+                "ee_pos",
+                "ee_ori",
+                "ee_states",
+                "gripper_states",
+                "joint_states",
+            ]
         )
     ds = TrajectoryDataset(libero_file, obs_keys=["agentview_rgb", "ee_states"], horizon=2)
     assert len(ds) == 4 + 5

@@ -1,0 +1,1 @@
+"""Behaviour-cloning proposal policy (image + proprio -> action chunk); see modeling_bc.py."""

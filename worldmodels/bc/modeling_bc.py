@@ -1,0 +1,150 @@
+"""Behaviour-cloning image policy with action chunking — the planner's proposal policy.
+
+References: robomimic's image BC (Mandlekar et al., CoRL 2021: conv encoder + spatial-softmax
+keypoints) and ACT's action chunking (Zhao et al., RSS 2023: predict a chunk, execute part of it).
+Deviations: no transformer / CVAE (a deterministic MLP head); L1 loss in normalised action space as
+in ACT. Its role here is the workspace's reference method (the pattern method folders follow) and
+the candidate-action sampler that LAC-WM / EAC-WM planning selects from.
+
+Frames: ``image`` is (B, 3, H, W) uint8 RGB, upright; ``proprio`` (B, P) float32 as the env documents;
+actions are in the env's action space (units in ``env.metadata["action_space_desc"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worldmodels.bc.configuration_bc import BCConfig
+
+
+class SpatialSoftmax(nn.Module):
+    """Feature map (B, C, H, W) -> K expected 2-D keypoints (B, K * 2) in [-1, 1] image coordinates."""
+
+    def __init__(self, in_channels: int, num_keypoints: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, num_keypoints, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        logits = self.proj(x).flatten(2)  # (B, K, H*W)
+        attn = logits.softmax(dim=-1)
+        ys = torch.linspace(-1, 1, h, device=x.device, dtype=attn.dtype)
+        xs = torch.linspace(-1, 1, w, device=x.device, dtype=attn.dtype)
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        kx = (attn * gx.reshape(1, 1, -1)).sum(-1)
+        ky = (attn * gy.reshape(1, 1, -1)).sum(-1)
+        return torch.stack([kx, ky], dim=-1).flatten(1)  # (B, K*2)
+
+
+def _conv_block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=2, padding=1),
+        nn.GroupNorm(min(8, cout), cout),
+        nn.SiLU(),
+        nn.Conv2d(cout, cout, 3, padding=1),
+        nn.GroupNorm(min(8, cout), cout),
+        nn.SiLU(),
+    )
+
+
+class BCPolicyModel(nn.Module):
+    """Image + proprio -> a chunk of ``horizon`` actions.
+
+    Normalisation statistics (per-dim mean / std of proprio and actions) are buffers, so a checkpoint
+    is self-contained: ``forward`` takes raw observations and returns actions in env units.
+    """
+
+    def __init__(self, config: BCConfig):
+        super().__init__()
+        if config.action_dim < 1:
+            raise ValueError("BCConfig.action_dim must be set (from the data) before building the model")
+        self.config = config
+        chans = [3, *config.channels]
+        self.encoder = nn.Sequential(*[_conv_block(a, b) for a, b in zip(chans[:-1], chans[1:])])
+        self.keypoints = SpatialSoftmax(chans[-1], config.num_keypoints)
+        feat = config.num_keypoints * 2 + config.proprio_dim
+        self.head = nn.Sequential(
+            nn.Linear(feat, config.hidden_dim),
+            nn.SiLU(),
+            nn.Dropout(config.dropout),
+            nn.Linear(config.hidden_dim, config.hidden_dim),
+            nn.SiLU(),
+            nn.Linear(config.hidden_dim, config.horizon * config.action_dim),
+        )
+        p, a = max(config.proprio_dim, 1), config.action_dim
+        self.register_buffer("proprio_mean", torch.zeros(p))
+        self.register_buffer("proprio_std", torch.ones(p))
+        self.register_buffer("action_mean", torch.zeros(a))
+        self.register_buffer("action_std", torch.ones(a))
+
+    @torch.no_grad()
+    def set_normalization(self, stats: dict[str, np.ndarray]) -> None:
+        """Load per-dim ``{proprio,action}_{mean,std}`` (std floored at 1e-3 so constant dims stay finite)."""
+        for k, v in stats.items():
+            t = torch.as_tensor(np.asarray(v), dtype=torch.float32)
+            if k.endswith("_std"):
+                t = t.clamp_min(1e-3)
+            getattr(self, k).copy_(t)
+
+    def _features(self, image: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+        x = image.float() / 127.5 - 1.0  # (B, 3, H, W) in [-1, 1]
+        if x.shape[-1] != self.config.image_size or x.shape[-2] != self.config.image_size:
+            x = F.interpolate(x, size=(self.config.image_size,) * 2, mode="bilinear", align_corners=False)
+        feats = [self.keypoints(self.encoder(x))]
+        if self.config.proprio_dim:
+            feats.append((proprio.float() - self.proprio_mean) / self.proprio_std)
+        return torch.cat(feats, dim=-1)
+
+    def forward(self, image: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, 3, H, W) uint8 image, (B, P) proprio -> (B, horizon, A) actions in env units."""
+        return self.predict_normalized(image, proprio) * self.action_std + self.action_mean
+
+    def predict_normalized(self, image: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+        out = self.head(self._features(image, proprio))
+        return out.view(-1, self.config.horizon, self.config.action_dim)
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """L1 between predicted and demonstrated chunks in normalised units, ignoring padded steps."""
+        c = self.config
+        image = batch[f"obs.{c.image_key}"][:, -1]  # (B, 3, H, W): the newest stacked frame
+        proprio = batch[f"obs.{c.proprio_key}"][:, -1] if c.proprio_dim else None
+        target = (batch["actions"][:, : c.horizon].float() - self.action_mean) / self.action_std  # (B, h, A)
+        pred = self.predict_normalized(image, proprio)
+        valid = ~batch["actions_is_pad"][:, : c.horizon]  # (B, h)
+        err = (pred - target).abs().mean(-1)  # (B, h)
+        loss = (err * valid).sum() / valid.sum().clamp_min(1)
+        return {"loss": loss}
+
+
+class BCPolicy:
+    """``sim.api.Policy`` around a trained model: predict a chunk, execute ``n_action_steps``, re-plan."""
+
+    def __init__(self, model: BCPolicyModel, action_low: np.ndarray | None = None,
+                 action_high: np.ndarray | None = None, device: str | torch.device = "cpu"):
+        self.model = model.eval().to(device)
+        self.device = torch.device(device)
+        self.low, self.high = action_low, action_high
+        self._queue: list[np.ndarray] = []
+
+    def reset(self, seed: int | None = None) -> None:
+        self._queue = []
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        c = self.model.config
+        if not self._queue:
+            image = torch.as_tensor(np.ascontiguousarray(obs[c.image_key])).permute(2, 0, 1)[None].to(self.device)
+            proprio = None
+            if c.proprio_dim:
+                proprio = torch.as_tensor(np.asarray(obs[c.proprio_key], dtype=np.float32))[None].to(self.device)
+            chunk = self.model(image, proprio)[0].cpu().numpy()  # (horizon, A)
+            self._queue = list(chunk[: c.n_action_steps])
+        action = self._queue.pop(0).astype(np.float32)
+        if self.low is not None and self.high is not None:
+            action = np.clip(action, self.low, self.high)
+        return action

@@ -1,0 +1,145 @@
+"""``embodied train bc`` / ``embodied eval bc``: the task functions, separate from the CLI.
+
+train: (record scripted-expert rollouts if the data is missing) -> TrajectoryDataset -> normalisation
+stats -> BCPolicyModel -> core Trainer -> checkpoint whose config.json holds the resolved model dims.
+evaluate: closed-loop rollouts of the checkpoint in the simulator, with the scripted expert and the
+random policy on the same seeds as baselines; writes ``<out_dir>/eval.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.config import (
+    EnvConfig,
+    RecordConfig,
+    TrainerConfig,
+    TrajectoryDataConfig,
+    save_resolved,
+    to_container,
+    to_object,
+)
+from core.errors import DataError
+from core.io import write_json
+from core.logging import get_logger
+from worldmodels.bc.configuration_bc import BCConfig
+
+log = get_logger("embodied.bc")
+
+
+def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
+    """The data files, recording them with the simulator first when missing and ``data.record`` allows."""
+    paths = [Path(p) for p in data.paths]
+    if not paths:
+        raise DataError("data.paths", "no trajectory files configured")
+    missing = [p for p in paths if not p.exists()]
+    if not missing:
+        return paths
+    rec: RecordConfig = data.record
+    if rec.episodes < 1 or rec.env_id is None or len(missing) > 1:
+        raise DataError(missing[0], "no such file (set data.record.env_id and data.record.episodes to record it)")
+    from sim.recorder import record_rollout
+    from sim.rollout import RolloutConfig
+
+    target = missing[0]
+    log.info("recording %d %s episodes of %s into %s", rec.episodes, rec.policy, rec.env_id, target)
+    cfg = RolloutConfig(env_id=rec.env_id, episodes=rec.episodes, seed=rec.seed, policy=rec.policy,
+                        noise=rec.noise, env_kwargs={"image_size": rec.image_size})
+    result = record_rollout(cfg, target.parent, video=False)
+    produced = Path(result.summary["hdf5"])
+    if produced.resolve() != target.resolve():
+        produced.replace(target)
+    return paths
+
+
+def normalization_stats(paths: list[Path], proprio_key: str) -> dict[str, np.ndarray]:
+    """Per-dim mean / std of actions and proprio over every step of every episode."""
+    from core.data.trajectories import TrajectoryFile
+
+    actions, proprio = [], []
+    for p in paths:
+        with TrajectoryFile(p) as f:
+            for name in f.episodes:
+                ep = f.episode(name, keys=["actions", f"obs/{proprio_key}"])
+                actions.append(ep["actions"])
+                proprio.append(ep[f"obs/{proprio_key}"])
+    a, q = np.concatenate(actions), np.concatenate(proprio)
+    return {"action_mean": a.mean(0), "action_std": a.std(0), "proprio_mean": q.mean(0), "proprio_std": q.std(0)}
+
+
+def train(cfg) -> dict[str, Any]:
+    """Train the BC policy under the composed config ``cfg`` (see configs/experiment/bc.yaml)."""
+    from core.data.trajectories import TrajectoryDataset
+    from core.trainer import Trainer, seed_everything
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+
+    model_cfg: BCConfig = to_object(cfg.model)
+    data_cfg: TrajectoryDataConfig = to_object(cfg.data)
+    trainer_cfg: TrainerConfig = to_object(cfg.trainer)
+    paths = ensure_data(data_cfg)
+    obs_keys = [model_cfg.image_key, model_cfg.proprio_key]
+    dataset = TrajectoryDataset(paths, obs_keys=obs_keys, horizon=model_cfg.horizon, frame_stack=1,
+                                stride=data_cfg.stride, filter_key=data_cfg.filter_key, on_error=data_cfg.on_error)
+    sample = dataset[0]
+    model_cfg = dataclasses.replace(model_cfg, action_dim=int(sample["actions"].shape[-1]),
+                                    proprio_dim=int(sample[f"obs.{model_cfg.proprio_key}"].shape[-1]))
+    seed_everything(trainer_cfg.seed)
+    model = BCPolicyModel(model_cfg)
+    model.set_normalization(normalization_stats(paths, model_cfg.proprio_key))
+    run_config = to_container(cfg)
+    run_config["model"] = dataclasses.asdict(model_cfg)  # the dims the weights were built with
+    out_dir = Path(cfg.out_dir)
+    save_resolved(run_config, out_dir)
+    result = Trainer(model, dataset, trainer_cfg, out_dir, run_config=run_config,
+                     collate_fn=_collate).fit()
+    log.info("trained on %d windows from %d episodes; final %s", len(dataset), len(dataset.episodes), result["metrics"])
+    return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
+
+
+def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    from core.trainer import default_collate
+
+    return default_collate(samples)
+
+
+def load_policy(checkpoint: str | Path, env: Any):
+    """``core.registry.POLICIES`` entry: a ``BCPolicy`` for ``env`` from a checkpoint directory."""
+    from core.checkpoint import load_checkpoint, resolve_checkpoint
+    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+
+    ckpt = resolve_checkpoint(checkpoint)
+    config = load_checkpoint(ckpt)["config"]
+    model = BCPolicyModel(BCConfig(**config["model"]))
+    load_checkpoint(ckpt, model)
+    space = env.action_space
+    if space.shape != (model.config.action_dim,):
+        from core.errors import CheckpointError
+
+        raise CheckpointError(f"{ckpt}: policy outputs {model.config.action_dim}-d actions, the env takes {space.shape}")
+    return BCPolicy(model, space.low, space.high)
+
+
+def evaluate(cfg) -> dict[str, Any]:
+    """Closed-loop success of the checkpoint vs the configured baselines, on identical seeds."""
+    from core.checkpoint import resolve_checkpoint
+    from sim.rollout import RolloutConfig, rollout
+
+    env_cfg: EnvConfig = to_object(cfg.env)
+    ckpt = resolve_checkpoint(cfg.eval.checkpoint or cfg.out_dir)
+    rows: dict[str, Any] = {}
+    for name in [str(ckpt), *cfg.eval.baselines]:
+        rc = RolloutConfig(env_id=env_cfg.id, episodes=env_cfg.episodes, num_envs=env_cfg.num_envs, seed=env_cfg.seed,
+                           policy=name, env_kwargs={"image_size": env_cfg.image_size},
+                           max_episode_steps=env_cfg.max_episode_steps, progress=True)
+        summary = rollout(rc).summary
+        key = "bc" if name == str(ckpt) else name
+        rows[key] = {k: summary[k] for k in ("success_rate", "mean_return", "mean_length", "failures")}
+        log.info("%s on %s: success %.2f", key, env_cfg.id, summary["success_rate"])
+    result = {"env": env_cfg.id, "episodes": env_cfg.episodes, "seed": env_cfg.seed, "checkpoint": str(ckpt),
+              "policies": rows}
+    write_json(Path(cfg.out_dir) / "eval.json", result)
+    return result
