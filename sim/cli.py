@@ -1,0 +1,159 @@
+"""``embodied sim ...``: list environments, roll out policies, make perception datasets.
+
+``core/cli.py`` calls ``configure_parser`` on the ``sim`` sub-parser; every sub-command sets ``func`` to a
+function ``(args) -> int``. Importing this module is light: simulators load inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from core.errors import ConfigError
+
+DATASET_KINDS = ("normals", "panoramas", "videos")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add ``list``, ``rollout`` and ``make-dataset`` sub-commands to the ``sim`` parser."""
+    sub = parser.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("list", help="registered environments with family, embodiment, task, action dim")
+    p.add_argument("--family", default=None, help="only this family (manipulation, libero, driving)")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser(
+        "rollout",
+        help="run a policy for N episodes; writes HDF5, mp4s, summary.json, config.json",
+        description="Roll out a policy over gymnasium vector envs and record the episodes.",
+    )
+    p.add_argument("env_id", metavar="ENV_ID", help="e.g. embodied/Lift-Panda-v0 (see `embodied sim list`)")
+    p.add_argument("--policy", default="scripted", help="scripted | random | path to a checkpoint")
+    p.add_argument("--episodes", type=int, default=10, help="number of episodes")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--num-envs", type=int, default=1, help="sub-environments stepped together")
+    p.add_argument("--async", dest="vectorization", action="store_const", const="async", default="sync",
+                   help="one worker process per sub-environment (AsyncVectorEnv)")
+    p.add_argument("--seed", type=int, default=0, help="episode i uses seed S + i")
+    p.add_argument("--noise", type=float, default=0.05, help="action-noise std of the scripted expert")
+    p.add_argument("--image-size", type=int, default=None, help="camera image side in pixels (0: none)")
+    p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
+    p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("make-dataset", help="render a perception dataset (sim.render.<kind>)")
+    p.add_argument("kind", choices=DATASET_KINDS)
+    p.add_argument("--n", type=int, required=True, help="number of samples")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--size", type=int, default=None, help="image side in pixels (kind's default if unset)")
+    p.set_defaults(func=cmd_make_dataset)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print a table of registered ``embodied/`` env ids."""
+    rows = list_envs(args.family)
+    header = ("ENV ID", "FAMILY", "EMBODIMENT", "TASK", "ACT DIM")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def list_envs(family: str | None = None) -> list[tuple[str, str, str, str, str]]:
+    """Rows ``(id, family, embodiment, task, action dim)``; manipulation rows come from its light tables.
+
+    Raises:
+        ConfigError: ``family`` is not one of ``sim.FAMILIES``.
+    """
+    import gymnasium as gym
+
+    import sim
+
+    if family is not None and family not in sim.FAMILIES:
+        raise ConfigError(f"--family: unknown {family!r}; choose from {', '.join(sim.FAMILIES)}")
+    rows: list[tuple[str, str, str, str, str]] = []
+    for fam in sim.FAMILIES if family is None else (family,):
+        reg = importlib.import_module(f"sim.{fam}.registration")
+        reg.register()
+        prefix = f"sim.{fam}."
+        ids = sorted(
+            k for k in gym.registry if k.startswith(f"{sim.NAMESPACE}/") and gym_entry_point(k).startswith(prefix)
+        )
+        for env_id in ids:
+            rows.append((env_id, fam, *_describe(fam, env_id)))
+    return rows
+
+
+def gym_entry_point(env_id: str) -> str:
+    """The string entry point of a registered env (``""`` for callables)."""
+    import gymnasium as gym
+
+    ep = gym.registry[env_id].entry_point
+    return ep if isinstance(ep, str) else getattr(ep, "__module__", "")
+
+
+def _describe(family: str, env_id: str) -> tuple[str, str, str]:
+    import gymnasium as gym
+
+    kwargs = gym.registry[env_id].kwargs or {}
+    if family == "manipulation":
+        from sim.manipulation.registration import EMBODIMENTS
+
+        emb = EMBODIMENTS[kwargs["embodiment"]]
+        return emb.name, kwargs["task"], str(emb.action_dim)
+    emb = kwargs.get("embodiment", "?")
+    task = kwargs.get("task", kwargs.get("scenario", "?"))
+    dim = kwargs.get("action_dim", "?")
+    return str(emb), str(task), str(dim)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    """Roll out and record; prints the success-rate summary."""
+    from sim.recorder import record_rollout
+    from sim.rollout import RolloutConfig
+
+    env_kwargs = {}
+    if args.image_size is not None:
+        if args.image_size < 0:
+            raise ConfigError(f"--image-size: must be >= 0, got {args.image_size}")
+        env_kwargs["image_size"] = args.image_size
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+    if args.num_envs < 1:
+        raise ConfigError(f"--num-envs: must be >= 1, got {args.num_envs}")
+    config = RolloutConfig(
+        env_id=args.env_id,
+        episodes=args.episodes,
+        num_envs=args.num_envs,
+        seed=args.seed,
+        policy=args.policy,
+        noise=args.noise,
+        vectorization=args.vectorization,
+        env_kwargs=env_kwargs,
+        progress=sys.stderr.isatty(),
+    )
+    result = record_rollout(config, args.out, video=not args.no_video)
+    s = result.summary
+    print(
+        f"{args.env_id}: success {s['success_rate']:.2f} over {s['episodes']} episodes, "
+        f"mean return {s['mean_return']:.3f}, mean length {s['mean_length']:.1f}, failures {s['failures']} "
+        f"-> {args.out}"
+    )
+    return 0
+
+
+def cmd_make_dataset(args: argparse.Namespace) -> int:
+    """Dispatch to ``sim.render.<kind>.make_dataset(out, n, seed, size)``."""
+    if args.n < 1:
+        raise ConfigError(f"--n: must be >= 1, got {args.n}")
+    try:
+        module = importlib.import_module(f"sim.render.{args.kind}")
+    except ModuleNotFoundError as e:
+        if e.name == f"sim.render.{args.kind}":
+            raise ConfigError(f"make-dataset: no renderer for {args.kind!r} yet (sim/render/{args.kind}.py)") from None
+        raise
+    result = module.make_dataset(args.out, args.n, seed=args.seed, size=args.size)
+    print(f"{args.kind}: {args.n} samples -> {args.out}" + (f" {result}" if result else ""))
+    return 0

@@ -1,0 +1,178 @@
+"""Record rollouts to disk: HDF5 trajectories, mp4 videos, the summary and the resolved config.
+
+Output folder layout::
+
+    <out>/<env_id sanitized>.hdf5     robomimic / LIBERO layout via core.data.trajectories.TrajectoryWriter
+    <out>/videos/episode_<i>.mp4      the ``image`` stream of episode i (H.264, 20 fps by default)
+    <out>/summary.json                sim.rollout summary (success rate, returns, lengths, failures)
+    <out>/config.json                 the resolved RolloutConfig (+ recorder options)
+
+Per episode ``data/demo_<i>`` (``i`` = episode index, env seed = config seed + i):
+    obs/<key>       (T, ...) observations before each action (``image`` (T, H, W, 3) uint8, ``proprio``)
+    obs/eef_delta   (T, 6) float32 end-effector motion caused by each action: dx, dy, dz (m) and an
+                    axis-angle rotation (rad), world frame (the LAC-WM motion label)
+    next_obs/<key>  (T, ...) observations after each action (so the last frame is kept)
+    actions (T, A), rewards (T,), dones (T,) (1 where the episode terminated or was truncated)
+    attrs: embodiment, task, family, action_space (dict), success (bool), seed, failure (str, "" if
+           none), language_instruction
+Every file is published atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.io import write_json
+from sim.api import INFO_EEF_DELTA
+from sim.rollout import Episode, RolloutConfig, RolloutResult, check_env_id, rollout
+
+VIDEO_KEY = "image"
+
+
+def sanitize_env_id(env_id: str) -> str:
+    """File-name-safe env id: ``embodied/Lift-Panda-v0`` -> ``embodied_Lift-Panda-v0``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", env_id).strip("_")
+
+
+def env_metadata(env_id: str, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``sim.api`` metadata of a registered env (builds it once, then closes it)."""
+    import gymnasium as gym
+
+    check_env_id(env_id)
+    env = gym.make(env_id, **(env_kwargs or {}))
+    try:
+        return dict(env.unwrapped.metadata)
+    finally:
+        env.close()
+
+
+class EpisodeRecorder:
+    """Stream finished episodes into one HDF5 file and optional mp4s (use as a context manager).
+
+    Args:
+        out: Output folder.
+        env_id: The env the episodes come from (names the HDF5 file).
+        metadata: That env's ``metadata`` dict (``sim.api``).
+        env_kwargs: Keyword arguments the env was made with (stored in ``env_args``).
+        video: Write ``videos/episode_<i>.mp4`` from the ``image`` observations.
+        fps: Video frame rate.
+    """
+
+    def __init__(
+        self,
+        out: str | Path,
+        env_id: str,
+        metadata: dict[str, Any],
+        env_kwargs: dict[str, Any] | None = None,
+        video: bool = True,
+        fps: float = 20.0,
+    ):
+        from core.data.trajectories import TrajectoryWriter
+
+        self.out = Path(out)
+        self.env_id = env_id
+        self.metadata = metadata
+        self.video = video
+        self.fps = fps
+        self.path = self.out / f"{sanitize_env_id(env_id)}.hdf5"
+        env_meta = {
+            "env_name": env_id,
+            "env_type": metadata.get("family", ""),
+            "env_kwargs": dict(env_kwargs or {}),
+            "embodiment": metadata.get("embodiment"),
+            "task": metadata.get("task"),
+            "action_space_desc": metadata.get("action_space_desc"),
+            "proprio_desc": metadata.get("proprio_desc"),
+        }
+        self._writer = TrajectoryWriter(
+            self.path, env_meta=env_meta, language_instruction=metadata.get("language_instruction")
+        )
+        self.video_paths: list[Path] = []
+        self._pending: dict[int, Episode] = {}
+        self._next = 0
+
+    def add(self, episode: Episode) -> None:
+        """Queue a finished episode; episodes are written in index order (``demo_<i>`` = episode i)."""
+        self._pending[episode.index] = episode
+        while self._next in self._pending:
+            self.write(self._pending.pop(self._next))
+            self._next += 1
+
+    def write(self, episode: Episode) -> str:
+        """Write one episode now; returns its HDF5 group name."""
+        T = len(episode)
+        obs = {k: v[:T] for k, v in episode.obs.items()}
+        next_obs = {k: v[1 : T + 1] for k, v in episode.obs.items()}
+        obs[INFO_EEF_DELTA] = episode.eef_delta.astype(np.float32)
+        dones = (episode.terminated | episode.truncated).astype(np.uint8)
+        meta = self.metadata
+        name = self._writer.add_episode(
+            obs,
+            episode.actions,
+            rewards=episode.rewards,
+            dones=dones,
+            next_obs=next_obs,
+            attrs={
+                "embodiment": meta.get("embodiment", ""),
+                "task": meta.get("task", ""),
+                "family": meta.get("family", ""),
+                "action_space": meta.get("action_space_desc", {}),
+                "success": episode.solved,
+                "seed": episode.seed,
+                "episode_index": episode.index,
+                "failure": episode.failure or "",
+                "language_instruction": meta.get("language_instruction") or "",
+            },
+        )
+        if self.video and VIDEO_KEY in episode.obs:
+            from core.data.video import write_mp4
+
+            path = self.out / "videos" / f"episode_{episode.index}.mp4"
+            write_mp4(path, episode.obs[VIDEO_KEY], fps=self.fps)
+            self.video_paths.append(path)
+        return name
+
+    def close(self) -> None:
+        """Write any queued episodes and publish the HDF5 file."""
+        for index in sorted(self._pending):
+            self.write(self._pending.pop(index))
+        self._writer.close()
+
+    def __enter__(self) -> EpisodeRecorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._writer.__exit__(exc_type, exc, tb)
+
+
+def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, fps: float = 20.0) -> RolloutResult:
+    """Run ``sim.rollout.rollout`` and write everything to ``out`` (layout in the module docstring).
+
+    Episodes are streamed to the HDF5 file as they finish, in index order (``demo_<i>`` is episode i).
+    """
+    check_env_id(config.env_id)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    metadata = env_metadata(config.env_id, config.env_kwargs)
+    write_json(out / "config.json", {**config.to_dict(), "video": video, "fps": fps, "out": str(out)})
+    with EpisodeRecorder(out, config.env_id, metadata, config.env_kwargs, video=video, fps=fps) as rec:
+        result = rollout(config, on_episode=rec.add)
+    summary = {
+        **result.summary,
+        "env_id": config.env_id,
+        "embodiment": metadata.get("embodiment"),
+        "task": metadata.get("task"),
+        "family": metadata.get("family"),
+        "hdf5": str(rec.path),
+        "videos": [str(p) for p in rec.video_paths],
+    }
+    write_json(out / "summary.json", summary)
+    result.summary = summary
+    return result

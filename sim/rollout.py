@@ -1,0 +1,400 @@
+"""Run policies over ``gymnasium.vector`` environments and collect whole, seeded episodes.
+
+Works for every env family that keeps the ``sim.api`` contract. Episode ``j`` of a rollout resets its
+env with seed ``seed + j`` and its policy with the same seed, whichever sub-env runs it, so a rollout's
+episodes do not depend on ``num_envs`` nor on sync vs async vectorisation.
+
+Policies run next to their env (inside the worker process for ``AsyncVectorEnv``): each sub-env is
+wrapped in ``PolicyHost``, which builds the policy from a picklable factory ``(env) -> Policy``, resets
+it with the episode seed and acts on the env's last observation and info. This is what lets privileged
+scripted experts (``env.unwrapped.make_expert``) run under ``AsyncVectorEnv``.
+
+Example::
+
+    from sim.rollout import RolloutConfig, rollout
+    result = rollout(RolloutConfig("embodied/Lift-Panda-v0", episodes=4, num_envs=2))
+    result.summary["success_rate"], result.episodes[0].obs["image"].shape  # (T+1, 64, 64, 3)
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from core.errors import ConfigError
+from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, Policy, RandomPolicy
+
+PolicyFactory = Callable[[gym.Env], Policy]
+
+
+@dataclass
+class RolloutConfig:
+    """What to roll out.
+
+    Attributes:
+        env_id: A registered Gymnasium id (e.g. ``"embodied/Reach-Sawyer-v0"``).
+        episodes: Number of complete episodes to collect (>= 1).
+        num_envs: Number of sub-environments stepped together (>= 1).
+        seed: Episode ``j`` uses seed ``seed + j`` for the env and its policy.
+        policy: ``"scripted"`` (the env's expert), ``"random"``, or a checkpoint path (loaded with
+            ``core.checkpoint.load_policy``).
+        noise: Action-noise std of the scripted expert.
+        vectorization: ``"sync"`` (one process) or ``"async"`` (one worker process per sub-env).
+        env_kwargs: Extra keyword arguments for ``gym.make`` (e.g. ``{"image_size": 128}``).
+        max_episode_steps: Optional cap on steps per episode (counted as truncation).
+        progress: Show a tqdm bar over episodes.
+    """
+
+    env_id: str
+    episodes: int = 10
+    num_envs: int = 1
+    seed: int = 0
+    policy: str = "scripted"
+    noise: float = 0.05
+    vectorization: Literal["sync", "async"] = "sync"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.episodes, int) or self.episodes < 1:
+            raise ConfigError(f"episodes: must be an integer >= 1, got {self.episodes!r}")
+        if not isinstance(self.num_envs, int) or self.num_envs < 1:
+            raise ConfigError(f"num_envs: must be an integer >= 1, got {self.num_envs!r}")
+        if self.vectorization not in ("sync", "async"):
+            raise ConfigError(f"vectorization: must be 'sync' or 'async', got {self.vectorization!r}")
+        if self.noise < 0:
+            raise ConfigError(f"noise: must be >= 0, got {self.noise}")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ConfigError(f"max_episode_steps: must be >= 1, got {self.max_episode_steps}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable resolved config."""
+        return asdict(self)
+
+
+@dataclass
+class Episode:
+    """One finished episode of ``T`` steps.
+
+    Attributes:
+        index: Episode number ``j`` within the rollout.
+        seed: Seed the env and policy were reset with (``config.seed + j``).
+        obs: key -> (T + 1, ...) observations, from the reset one to the last (images uint8).
+        actions: (T, A) float32 actions as sent to the env.
+        rewards: (T,) float32.
+        terminated: (T,) bool; truncated: (T,) bool.
+        success: (T,) bool ``info["success"]`` per step.
+        eef_delta: (T, 6) float32 end-effector motion per step (world frame: m, axis-angle rad).
+        infos: Per-step info dicts (the env's, unbatched).
+        failure: The simulator failure that ended the episode, or None.
+    """
+
+    index: int
+    seed: int
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    eef_delta: np.ndarray
+    infos: list[dict[str, Any]]
+    failure: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @property
+    def solved(self) -> bool:
+        """Whether the task was solved at any step."""
+        return bool(self.success.any())
+
+    @property
+    def episode_return(self) -> float:
+        """Sum of rewards."""
+        return float(self.rewards.sum())
+
+
+@dataclass
+class RolloutResult:
+    """Episodes (ordered by index) and their summary."""
+
+    episodes: list[Episode]
+    summary: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------- policies
+def scripted_policy(env: gym.Env, noise: float = 0.05) -> Policy:
+    """The env's scripted expert (``env.unwrapped.make_expert``)."""
+    make = getattr(env.unwrapped, "make_expert", None)
+    if make is None:
+        raise ConfigError(f"policy: {env.spec.id if env.spec else env} has no scripted expert (make_expert)")
+    return make(noise=noise)
+
+
+def random_policy(env: gym.Env) -> Policy:
+    """Uniform random actions (``sim.api.RandomPolicy``)."""
+    return RandomPolicy(env.action_space)
+
+
+def checkpoint_policy(env: gym.Env, path: str) -> Policy:
+    """A trained policy from a checkpoint, through ``core.checkpoint.load_policy``."""
+    from core.checkpoint import load_policy
+
+    return load_policy(path, env)
+
+
+def policy_factory(policy: str, noise: float = 0.05) -> PolicyFactory:
+    """Picklable factory for a policy name (``scripted`` / ``random``) or a checkpoint path."""
+    if policy == "scripted":
+        return functools.partial(scripted_policy, noise=noise)
+    if policy == "random":
+        return random_policy
+    if not Path(policy).exists():
+        raise ConfigError(f"policy: {policy!r} is neither 'scripted', 'random' nor an existing checkpoint path")
+    return functools.partial(checkpoint_policy, path=str(policy))
+
+
+class PolicyHost(gym.Wrapper):
+    """Holds a policy next to its env: built by ``host_set_policy``, reset with each episode's seed."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._policy: Policy | None = None
+        self._last: tuple[Any, dict[str, Any]] | None = None
+
+    def host_set_policy(self, factory: PolicyFactory) -> None:
+        """Build the policy from ``factory(env)``."""
+        self._policy = factory(self.env)
+
+    def host_act(self) -> np.ndarray:
+        """The policy's action for the env's last observation / info."""
+        if self._policy is None or self._last is None:
+            raise RuntimeError("PolicyHost: set a policy and reset the env before acting")
+        return np.asarray(self._policy.act(*self._last), dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self._policy is not None:
+            self._policy.reset(seed=seed)
+        self._last = (obs, info)
+        return obs, info
+
+    def step(self, action):
+        out = self.env.step(action)
+        self._last = (out[0], out[4])
+        return out
+
+
+def make_vector_env(
+    env_id: str, num_envs: int = 1, vectorization: str = "sync", env_kwargs: dict[str, Any] | None = None
+) -> gym.vector.VectorEnv:
+    """Vector env of ``PolicyHost``-wrapped sub-envs, autoreset disabled (the caller resets by mask).
+
+    Raises:
+        ConfigError: ``env_id`` is not registered (the message lists close matches).
+    """
+    check_env_id(env_id)
+    kwargs = dict(env_kwargs or {})
+    fns = [functools.partial(_make_hosted, env_id, kwargs) for _ in range(num_envs)]
+    mode = gym.vector.AutoresetMode.DISABLED
+    if vectorization == "async":
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def check_env_id(env_id: str) -> None:
+    """Register the ``sim`` families and check that ``env_id`` exists.
+
+    Raises:
+        ConfigError: ``env_id`` is not registered (the message lists a few registered ids of its namespace).
+    """
+    import sim
+
+    sim.register_envs()
+    if env_id not in gym.registry:
+        family = env_id.split("/")[0] if "/" in env_id else ""
+        near = [k for k in gym.registry if family and k.startswith(family + "/")][:6]
+        raise ConfigError(f"env id {env_id!r} is not registered" + (f"; e.g. {', '.join(near)}" if near else ""))
+
+
+def _make_hosted(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    import sim
+
+    sim.register_envs()
+    return PolicyHost(gym.make(env_id, **kwargs))
+
+
+# --------------------------------------------------------------------------------------------- rollout
+class _Buffer:
+    def __init__(self, index: int, seed: int, obs: dict[str, np.ndarray], info: dict[str, Any]):
+        self.index, self.seed = index, seed
+        self.obs = [obs]
+        self.actions: list[np.ndarray] = []
+        self.rewards: list[float] = []
+        self.terminated: list[bool] = []
+        self.truncated: list[bool] = []
+        self.infos: list[dict[str, Any]] = []
+        self.reset_info = info
+
+    def add(self, action, obs, reward, terminated, truncated, info) -> None:
+        self.actions.append(np.asarray(action, dtype=np.float32))
+        self.obs.append(obs)
+        self.rewards.append(float(reward))
+        self.terminated.append(bool(terminated))
+        self.truncated.append(bool(truncated))
+        self.infos.append(info)
+
+    def finish(self) -> Episode:
+        obs = {k: np.stack([o[k] for o in self.obs]) for k in self.obs[0]}
+        success = np.array([bool(i.get(INFO_SUCCESS, False)) for i in self.infos])
+        eef = np.stack([np.asarray(i.get(INFO_EEF_DELTA, np.zeros(6)), dtype=np.float32) for i in self.infos])
+        failure = next((str(i[INFO_FAILURE]) for i in self.infos if i.get(INFO_FAILURE)), None)
+        return Episode(
+            index=self.index,
+            seed=self.seed,
+            obs=obs,
+            actions=np.stack(self.actions),
+            rewards=np.asarray(self.rewards, dtype=np.float32),
+            terminated=np.asarray(self.terminated),
+            truncated=np.asarray(self.truncated),
+            success=success,
+            eef_delta=eef,
+            infos=self.infos,
+            failure=failure,
+        )
+
+
+def _split_obs(obs: Any, i: int) -> dict[str, np.ndarray]:
+    if isinstance(obs, dict):
+        return {k: np.asarray(v[i]) for k, v in obs.items()}
+    return {"obs": np.asarray(obs[i])}
+
+
+def _split_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
+    """Un-batch sub-env ``i``'s info from a vector env's ``{key: array, _key: mask}`` dict."""
+    out: dict[str, Any] = {}
+    for k, v in infos.items():
+        if k.startswith("_"):
+            continue
+        mask = infos.get(f"_{k}")
+        if mask is not None and not mask[i]:
+            continue
+        out[k] = _split_info(v, i) if isinstance(v, dict) else v[i]
+    return out
+
+
+def rollout(
+    config: RolloutConfig,
+    policy: PolicyFactory | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> RolloutResult:
+    """Collect ``config.episodes`` complete episodes.
+
+    Args:
+        config: What to run.
+        policy: Optional picklable factory ``(env) -> Policy`` overriding ``config.policy``.
+        on_episode: Called with each finished episode (in completion order), e.g. to stream to disk.
+
+    Returns:
+        Episodes sorted by index, and a summary: ``episodes``, ``success_rate``, ``mean_return``,
+        ``mean_length``, ``failures`` (count), ``failure_reasons``, ``steps``, ``steps_per_s``, ``wall_s``.
+    """
+    from tqdm.auto import tqdm
+
+    factory = policy or policy_factory(config.policy, config.noise)
+    envs = make_vector_env(config.env_id, config.num_envs, config.vectorization, config.env_kwargs)
+    n, k = config.episodes, config.num_envs
+    episodes: list[Episode] = []
+    steps = 0
+    start = time.perf_counter()
+    try:
+        envs.call("host_set_policy", factory)
+        # slot i runs episode slot_ep[i]; episodes past n keep idle slots alive with unused seeds
+        slot_ep = list(range(k))
+        seeds = [config.seed + j for j in slot_ep]
+        obs, infos = envs.reset(seed=seeds)
+        bufs: list[_Buffer | None] = [
+            _Buffer(j, s, _split_obs(obs, i), _split_info(infos, i)) if j < n else None
+            for i, (j, s) in enumerate(zip(slot_ep, seeds, strict=True))
+        ]
+        next_ep = k
+        bar = tqdm(total=n, desc=config.env_id, unit="ep", disable=not config.progress, leave=False)
+        while len(episodes) < n:
+            actions = np.stack(envs.call("host_act"))
+            obs, rewards, terms, truncs, infos = envs.step(actions)
+            steps += sum(b is not None for b in bufs)
+            done_slots = []
+            for i, buf in enumerate(bufs):
+                cap = (
+                    buf is not None
+                    and config.max_episode_steps is not None
+                    and len(buf.actions) + 1 >= config.max_episode_steps
+                )
+                if terms[i] or truncs[i] or cap:
+                    done_slots.append(i)
+                if buf is None:
+                    continue
+                info = _split_info(infos, i)
+                buf.add(actions[i], _split_obs(obs, i), rewards[i], terms[i], truncs[i] or cap, info)
+                if i in done_slots:
+                    ep = buf.finish()
+                    episodes.append(ep)
+                    bar.update(1)
+                    bar.set_postfix(success=f"{np.mean([e.solved for e in episodes]):.2f}")
+                    if on_episode is not None:
+                        on_episode(ep)
+            if done_slots and len(episodes) < n:
+                mask = np.zeros(k, dtype=bool)
+                mask[done_slots] = True
+                reset_seeds: list[int | None] = [None] * k
+                for i in done_slots:
+                    slot_ep[i] = next_ep
+                    reset_seeds[i] = config.seed + next_ep
+                    next_ep += 1
+                obs, infos = envs.reset(seed=reset_seeds, options={"reset_mask": mask})
+                for i in done_slots:
+                    j = slot_ep[i]
+                    bufs[i] = (
+                        _Buffer(j, config.seed + j, _split_obs(obs, i), _split_info(infos, i)) if j < n else None
+                    )
+        bar.close()
+    finally:
+        envs.close()
+    wall = time.perf_counter() - start
+    episodes.sort(key=lambda e: e.index)
+    return RolloutResult(episodes, summarize(episodes, wall_s=wall, steps=steps))
+
+
+def summarize(episodes: Sequence[Episode], wall_s: float | None = None, steps: int | None = None) -> dict[str, Any]:
+    """Summary statistics of finished episodes (see ``rollout``)."""
+    lengths = [len(e) for e in episodes]
+    failures = [e.failure for e in episodes if e.failure]
+    summary: dict[str, Any] = {
+        "episodes": len(episodes),
+        "success_rate": float(np.mean([e.solved for e in episodes])) if episodes else 0.0,
+        "mean_return": float(np.mean([e.episode_return for e in episodes])) if episodes else 0.0,
+        "mean_length": float(np.mean(lengths)) if episodes else 0.0,
+        "failures": len(failures),
+        "failure_reasons": sorted(set(failures)),
+        "per_episode": [
+            {"index": e.index, "seed": e.seed, "success": e.solved, "return": e.episode_return,
+             "length": len(e), "failure": e.failure}
+            for e in episodes
+        ],
+    }
+    if steps is not None:
+        summary["steps"] = int(steps)
+    if wall_s is not None:
+        summary["wall_s"] = float(wall_s)
+        if steps:
+            summary["steps_per_s"] = float(steps / max(wall_s, 1e-9))
+    return summary

@@ -1,0 +1,48 @@
+"""`embodied sim` sub-commands run in-process."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from core.errors import ConfigError
+from core.io import read_json
+from sim.cli import configure_parser
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="embodied sim")
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_sim_list_manipulation(capsys):
+    assert _run(["list", "--family", "manipulation"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["ENV", "ID"]
+    rows = {line.split()[0]: line.split() for line in out[1:]}
+    assert rows["embodied/Lift-Sawyer-v0"][1:] == ["manipulation", "Sawyer", "lift", "4"]
+    assert rows["embodied/Reach-PandaInspireHand-v0"][-1] == "12"
+    assert len(rows) == 12
+
+
+def test_sim_rollout(tmp_path, capsys):
+    rc = _run(["rollout", "embodied/Reach-Panda-v0", "--policy", "scripted", "--episodes", "2",
+               "--out", str(tmp_path), "--image-size", "32", "--seed", "3"])
+    assert rc == 0
+    assert "success 1.00 over 2 episodes" in capsys.readouterr().out
+    assert read_json(tmp_path / "summary.json")["success_rate"] == 1.0
+    assert len(list((tmp_path / "videos").glob("episode_*.mp4"))) == 2
+
+
+def test_sim_bad_input():
+    with pytest.raises(ConfigError, match="not registered"):
+        _run(["rollout", "embodied/Nope-v0", "--episodes", "1", "--out", "/tmp/unused"])
+    with pytest.raises(ConfigError, match="--episodes"):
+        _run(["rollout", "embodied/Reach-Panda-v0", "--episodes", "0", "--out", "/tmp/unused"])
+    with pytest.raises(ConfigError, match="--family"):
+        _run(["list", "--family", "space"])
+    with pytest.raises(SystemExit):
+        _run(["make-dataset", "holograms", "--n", "1", "--out", "/tmp/unused"])
