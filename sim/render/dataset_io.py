@@ -1,0 +1,58 @@
+"""Shared plumbing of the dataset renderers: argument checks, split assignment, per-view seeding.
+
+Files are written by the shared data layer (``core.data.images.write_dense_sample`` / ``write_meta``,
+``core.data.video.write_mp4``: atomic, RGB channel order in PNGs). The image renderers write the
+``embodied-dense/1`` layout (one folder per split, one file per map, the same ``<id>`` across maps)::
+
+    <root>/meta.json                      written last: its presence marks a complete dataset
+    <root>/<split>/rgb/<id>.png           (H, W, 3) uint8 RGB
+    <root>/<split>/rgb_twin/<id>.png      (H, W, 3) uint8 RGB, material-changed twin of the same view
+    <root>/<split>/normals/<id>.png       (H, W, 3) uint16, value = (n + 1) / 2 * 65535, 0,0,0 = invalid
+    <root>/<split>/depth/<id>.png         (H, W) uint16 millimetres, 0 = invalid
+    <root>/<split>/mask/<id>.png          (H, W) uint8, 0 background, 255 object
+    <root>/<split>/semantic/<id>.png      (H, W) uint8 class ids (names in meta.json "classes")
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.errors import ConfigError
+
+NORMAL_FRAME = (
+    "camera, OpenCV: x right, y down, z forward, unit vectors pointing out of the surface towards the "
+    "camera side"
+)
+SPLITS = ("train", "test")
+
+
+def check_make_args(n: int, seed: int, size: int | None, spp: int, test_fraction: float) -> None:
+    """Validate the common ``make_dataset`` arguments; raise ``ConfigError`` naming the bad one."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"n: expected an int >= 1, got {n!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed: expected an int >= 0, got {seed!r}")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 8):
+        raise ConfigError(f"size: expected None or an int >= 8, got {size!r}")
+    if not isinstance(spp, int) or isinstance(spp, bool) or spp < 1:
+        raise ConfigError(f"spp: expected an int >= 1, got {spp!r}")
+    if not 0.0 <= float(test_fraction) < 1.0:
+        raise ConfigError(f"test_fraction: expected a value in [0, 1), got {test_fraction!r}")
+
+
+def split_ids(n: int, test_fraction: float) -> list[tuple[str, str, int]]:
+    """Assign views ``0 .. n-1`` to splits: the last ``round(n * test_fraction)`` go to ``test``.
+
+    Returns ``(split, id, index)`` triples; ids are the zero-padded global index, so a view's id (and,
+    since each view is seeded from ``(seed, index)``, its content) does not depend on ``n``.
+    """
+    n_test = int(round(n * test_fraction))
+    if test_fraction > 0 and n >= 2:
+        n_test = max(n_test, 1)
+    n_test = min(n_test, n - 1)
+    return [("test" if i >= n - n_test else "train", f"{i:06d}", i) for i in range(n)]
+
+
+def view_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
+    """The generator for view ``index`` of a dataset made with ``seed`` (independent of ``n``)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, index, stream]))
