@@ -35,11 +35,18 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         if tmp_path.exists():
             with open(tmp_path, "rb+") as f:
                 os.fsync(f.fileno())
+            os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager

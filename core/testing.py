@@ -56,10 +56,10 @@ class ToyRegressor(nn.Module):
         return {"loss": loss, "mae": (pred - batch["y"]).abs().mean()}
 
 
-def noisy_inputs(batch: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-    """A device transform whose randomness depends only on ``step`` (what resumable augmentation needs)."""
-    g = torch.Generator(device=batch["x"].device).manual_seed(10_000 + step)
-    noise = torch.randn(batch["x"].shape, generator=g, device=batch["x"].device)
+def noisy_inputs(batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A device transform (``core.data.device.BatchTransform``): input noise drawn from the loader's
+    per-batch generator, so a resumed run sees the same noise."""
+    noise = torch.randn(batch["x"].shape, generator=generator).to(batch["x"].device)
     return {**batch, "x": batch["x"] + 0.01 * noise}
 
 
@@ -80,7 +80,7 @@ def run_toy_training(out_dir: str | Path, overrides: dict[str, Any] | None = Non
     model = ToyRegressor(dropout=dropout)
     hooks = [lambda *_: time.sleep(sleep)] if sleep else []
     trainer = Trainer(model, ToyRegressionDataset(n=n), cfg, out_dir, run_config={"method": "toy"},
-                      device_transform=noisy_inputs if augment else None, hooks=hooks)
+                      transforms=[noisy_inputs] if augment else None, hooks=hooks)
     return trainer.fit()
 
 

@@ -24,7 +24,7 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from core import checkpoint as ckpt
 from core import distributed as D
 from core.config import TrainerConfig
+from core.data.device import BatchTransform, DeviceLoader
 from core.data.samplers import ResumableDistributedSampler
 from core.errors import ConfigError, EmbodiedError
 from core.logging import MetricsLogger, get_logger, progress
@@ -143,16 +144,6 @@ def default_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list):
-        return [_to_device(v, device) for v in batch]
-    return batch
-
-
 class Trainer:
     """Trains ``model`` on ``dataset`` under ``cfg``; outputs go to ``out_dir``.
 
@@ -163,9 +154,10 @@ class Trainer:
         out_dir: Run directory: ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``.
         run_config: The resolved run config (plain dict) stored in every checkpoint's ``config.json``.
         collate_fn: Batch collation (defaults to stacking every tensor key).
-        device_transform: ``(batch_on_device, step) -> batch`` applied after the host->device copy, for
-            GPU-side normalisation / augmentation; it must draw randomness only from ``step`` (e.g. a
-            generator seeded by it) so that resumed runs see the same augmentations.
+        transforms: Device-side batch transforms (``core.data.device``: ``RandomCrop``,
+            ``RandomHorizontalFlip``, ``Normalize`` or any ``(batch, generator) -> batch``), applied by the
+            ``DeviceLoader`` after the (prefetched, side-stream) host->device copy. Their generator is
+            seeded by (seed, micro-batch number), so a resumed run sees the same augmentations.
         hooks: Callables ``(trainer, step, metrics)`` run on rank 0 after every logging step.
     """
 
@@ -177,7 +169,7 @@ class Trainer:
         out_dir: str | Path,
         run_config: dict[str, Any] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        device_transform: Callable[[Any, int], Any] | None = None,
+        transforms: Sequence[BatchTransform] | None = None,
         hooks: list[Callable[[Trainer, int, dict[str, float]], None]] | None = None,
         find_unused_parameters: bool = False,
     ):
@@ -225,15 +217,16 @@ class Trainer:
             generator=self._loader_gen,  # never touch the global RNG (resume equivalence)
             persistent_workers=False,
         )
+        self.device_loader = DeviceLoader(self.loader, self.device, prefetch=2, transforms=transforms, seed=cfg.seed)
         if len(self.loader) < 1:
             raise ConfigError(
                 f"trainer.batch_size={cfg.batch_size} is larger than the {len(dataset)} samples this rank sees"
             )
-        self.device_transform = device_transform
         self.hooks = hooks or []
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of this epoch already consumed
+        self.micro_step = 0  # micro-batches consumed in total
         self.autocast_dtype = self._autocast_dtype()
 
     # ------------------------------------------------------------------------------------------
@@ -254,9 +247,11 @@ class Trainer:
             self.sampler.set_epoch(self.epoch)
             self.sampler.set_start_index(self.batch_in_epoch * self.cfg.batch_size)
             self._loader_gen.manual_seed(self.cfg.seed * 1_000_003 + self.epoch * 101 + self.dist.rank)
-            for batch in self.loader:
+            self.device_loader.set_step(self.micro_step)  # augmentation of batch k depends on (seed, k) only
+            for batch in self.device_loader:
                 self.batch_in_epoch += 1
-                yield _to_device(batch, self.device)
+                self.micro_step += 1
+                yield batch
             self.epoch += 1
             self.batch_in_epoch = 0
 
@@ -273,6 +268,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
+            "micro_step": self.micro_step,
             "world_size": self.dist.world_size,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -308,6 +304,7 @@ class Trainer:
         self.scheduler.load_state_dict(st["scheduler"])
         ckpt.restore_rng(st["rng"][self.dist.rank])
         self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
+        self.micro_step = st["micro_step"]
         if self.dist.is_main:
             log.info("resumed from %s (step %d)", latest, self.step)
         return True
@@ -335,8 +332,6 @@ class Trainer:
                 sums: dict[str, float] = {}
                 for micro in range(cfg.grad_accum):
                     batch = next(batches)
-                    if self.device_transform is not None:
-                        batch = self.device_transform(batch, self.step * cfg.grad_accum + micro)
                     sync = micro == cfg.grad_accum - 1 or not self.dist.enabled
                     ctx = contextlib.nullcontext() if sync else self.step_module.no_sync()
                     with ctx:

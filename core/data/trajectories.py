@@ -418,9 +418,27 @@ class TrajectoryFile:
             raise DataError(self.path, f"{name}: no dataset {key!r}")
         return ds
 
+    @property
+    def bottom_up_images(self) -> bool:
+        """Whether the file stores images bottom-up (LIBERO's ``macros_image_convention == "opengl"``)."""
+        conv = self._data.attrs.get("macros_image_convention")
+        return _decode_attr(conv) == "opengl" if conv is not None else False
+
     def read(self, name: str, key: str, sel: Any = ()) -> np.ndarray:
-        """Read ``data/<name>/<key>[sel]``; a corrupt chunk raises ``DataError`` naming file, episode and key."""
+        """Read ``data/<name>/<key>[sel]``; a corrupt chunk raises ``DataError`` naming file, episode and key.
+
+        Images come back upright (row 0 at the top) also from files that store them bottom-up (LIBERO's
+        ``macros_image_convention = "opengl"``); ``TrajectoryFile.raw`` reads exactly as stored.
+        """
         ds = self.dataset(name, key)
+        arr = self.raw(name, key, sel, ds)
+        if self.bottom_up_images and key.startswith(("obs/", "next_obs/")) and is_image_key(ds.shape, ds.dtype):
+            arr = np.ascontiguousarray(arr[..., ::-1, :, :])  # (..., H, W, 3): flip rows
+        return arr
+
+    def raw(self, name: str, key: str, sel: Any = (), ds: h5py.Dataset | None = None) -> np.ndarray:
+        """``data/<name>/<key>[sel]`` exactly as stored."""
+        ds = ds if ds is not None else self.dataset(name, key)
         try:
             return ds[sel]
         except (OSError, ValueError, RuntimeError) as e:
@@ -435,7 +453,7 @@ class TrajectoryFile:
                 all datasets when None.
 
         Returns:
-            ``{path: array}`` with arrays exactly as stored (images (T, H, W, 3) uint8 ...).
+            ``{path: array}`` as stored, except that images are upright (see ``read``).
         """
         keys = self.keys(name) if keys is None else list(keys)
         return {k: self.read(name, k) for k in keys}

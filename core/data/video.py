@@ -84,11 +84,14 @@ def probe_video(path: str | os.PathLike) -> tuple[int, float, tuple[int, int]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(path, "no such file")
-    try:
+    def probe():
         gen = imageio_ffmpeg.read_frames(str(path))
         meta = gen.__next__()
         gen.close()
-        n, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+        return meta, imageio_ffmpeg.count_frames_and_secs(str(path))[0]
+
+    try:
+        meta, n = _retry(probe)
     except (OSError, RuntimeError, StopIteration) as e:
         raise DataError(path, f"cannot decode video ({_reason(e)})") from None
     w, h = meta["size"]
@@ -113,16 +116,38 @@ def read_frames(
             _, fps, _ = probe_video(path)
         input_params = ["-ss", f"{(start - 0.5) / fps:.6f}"]
     output_params = ["-frames:v", str(count)] if count is not None else []
-    try:
+    def decode():
         gen = imageio_ffmpeg.read_frames(str(path), input_params=input_params, output_params=output_params)
         meta = gen.__next__()
         w, h = meta["size"]
-        frames = [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in gen]
+        return h, w, [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in gen]
+
+    try:
+        h, w, frames = _retry(decode)
     except (OSError, RuntimeError, StopIteration) as e:
         raise DataError(path, f"cannot decode video ({_reason(e)})") from None
     if count is not None and len(frames) < count:
         raise DataError(path, f"wanted frames {start}..{start + count - 1}, decoded only {len(frames)}")
     return np.stack(frames) if frames else np.zeros((0, h, w, 3), np.uint8)
+
+
+def _retry(fn, attempts: int = 3):
+    """Run an ffmpeg read, retrying when ffmpeg's header did not arrive in time.
+
+    imageio-ffmpeg waits a fixed time for ffmpeg to print the stream header; on a loaded machine a
+    valid short file occasionally fails with "Could not load meta information". A corrupt file fails
+    every attempt and is reported as such.
+    """
+    import time
+
+    for i in range(attempts):
+        try:
+            return fn()
+        except OSError as e:
+            if "meta information" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1))
+    raise AssertionError("unreachable")
 
 
 def _reason(e: BaseException) -> str:

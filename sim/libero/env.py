@@ -1,0 +1,352 @@
+"""Gymnasium env for any LIBERO task, built offline from its BDDL file and fixed init states.
+
+Observation (``gymnasium.spaces.Dict``):
+    ``image``        (H, W, 3) uint8 RGB, the ``agentview`` camera, upright (row 0 at the top;
+                     robosuite renders OpenGL-style bottom-up, so the frame is flipped vertically).
+    ``wrist_image``  (H, W, 3) uint8 RGB, ``robot0_eye_in_hand``, flipped the same way (only when
+                     ``wrist_image=True``).
+    ``proprio``      (15,) float32, world frame:
+                     [0:3]  end-effector (grip site) position, metres;
+                     [3:6]  end-effector orientation, axis-angle (radians) of robosuite's
+                            ``robot0_eef_quat``;
+                     [6:8]  gripper finger joint positions, metres (about +-0.04 open, 0 closed);
+                     [8:15] arm joint positions, radians.
+
+Mapping to LIBERO's demonstration files (``data/demo_<i>/obs/<key>``, see ``sim.libero.demos``):
+    ``agentview_rgb``  = ``image`` flipped back (LIBERO stores the raw OpenGL-order frame)
+    ``eye_in_hand_rgb`` = ``wrist_image`` flipped back
+    ``ee_pos`` = proprio[0:3], ``ee_ori`` = proprio[3:6], ``ee_states`` = proprio[0:6],
+    ``gripper_states`` = proprio[6:8], ``joint_states`` = proprio[8:15].
+    LIBERO's ``actions`` are this env's actions (same controller, same scaling).
+
+Action: 7-d in [-1, 1], robosuite ``OSC_POSE`` with delta input, in the robot base frame (axes
+parallel to the world frame in every LIBERO scene): [0:3] translation of the end-effector goal,
+times 0.05 m; [3:6] axis-angle rotation of the goal, times 0.5 rad; [6] gripper, -1 open / +1 close.
+Control at 20 Hz (25 MuJoCo substeps of 2 ms).
+
+Reward is 1.0 on success, else 0.0. ``terminated`` is set on success (LIBERO's own BDDL goal
+predicates, ``_check_success``) and when physics diverges (``info["failure"]``); the step limit
+comes from the registration (``TimeLimit``). ``info["eef_delta"]`` is the end-effector pose change over
+the step in the world frame (dx, dy, dz in metres, then axis-angle in radians), computed from the same
+observations as ``proprio`` so that ``eef_delta[:3]`` is exactly the change of ``proprio[0:3]``.
+
+Reset: ``reset(seed=s)`` picks init state ``np_random.integers(num_init_states)`` unless
+``options={"init_state_id": k}`` is given; the sim is set to that exact MuJoCo state (LIBERO's
+evaluation protocol). LIBERO also re-samples fixture poses (written into the model, not the state) at
+every reset; those samplers are seeded from the same ``np_random``, so the same seed gives an identical
+rollout.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from core.errors import ConfigError
+from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS
+from sim.libero._bootstrap import prepare_libero
+from sim.libero.suites import LiberoTask, get_task, load_init_states
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+
+PROPRIO_LAYOUT: dict[str, slice] = {
+    "ee_pos": slice(0, 3),
+    "ee_ori": slice(3, 6),
+    "gripper_states": slice(6, 8),
+    "joint_states": slice(8, 15),
+}
+"""Named slices of ``proprio``; the names are LIBERO's demonstration obs keys."""
+PROPRIO_DIM = 15
+AGENT_CAMERA = "agentview"
+WRIST_CAMERA = "robot0_eye_in_hand"
+CONTROL_FREQ = 20
+
+_MJ_BAD_STATE_WARNINGS = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", "mjWARN_BADCTRL")
+
+
+def _axis_angle_from_quat_xyzw(q: np.ndarray) -> np.ndarray:
+    """Axis-angle (3,) from a unit quaternion (x, y, z, w), angle in [0, pi]."""
+    q = np.asarray(q, dtype=np.float64)
+    q = q / max(np.linalg.norm(q), 1e-12)
+    if q[3] < 0:
+        q = -q
+    sin_half = np.linalg.norm(q[:3])
+    if sin_half < 1e-12:
+        return np.zeros(3)
+    angle = 2.0 * np.arctan2(sin_half, q[3])
+    return q[:3] / sin_half * angle
+
+
+def _axis_angle_from_matrix(r: np.ndarray) -> np.ndarray:
+    """Axis-angle (3,) of a rotation matrix (3, 3)."""
+    from scipy.spatial.transform import Rotation
+
+    return Rotation.from_matrix(r).as_rotvec()
+
+
+class LiberoEnv(gym.Env):
+    """One LIBERO task as a Gymnasium env (see the module docstring for spaces and conventions).
+
+    Args:
+        suite: ``"libero_spatial"`` / ``"spatial"``, ``"libero_object"``, ``"libero_goal"``,
+            ``"libero_10"``, ``"libero_90"``.
+        task_index: index of the task in the suite (LIBERO's default task order).
+        image_size: side of the square camera images, pixels (LIBERO's demos use 128).
+        wrist_image: also render the eye-in-hand camera (costs about as much again per step).
+        render_mode: ``"rgb_array"`` (``render()`` returns the upright agent-view frame) or None.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_FREQ}
+
+    def __init__(
+        self,
+        suite: str = "libero_spatial",
+        task_index: int = 0,
+        *,
+        image_size: int = 128,
+        wrist_image: bool = True,
+        render_mode: str | None = None,
+    ):
+        if render_mode not in (None, "rgb_array"):
+            raise ConfigError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        if not 8 <= int(image_size) <= 1024:
+            raise ConfigError(f"image_size must be in 8..1024 pixels, got {image_size}")
+        self.task: LiberoTask = get_task(suite, task_index)
+        self.image_size = int(image_size)
+        self.use_wrist_image = bool(wrist_image)
+        self.render_mode = render_mode
+        paths = prepare_libero()
+        self.init_states = load_init_states(self.task.init_states_path(paths["benchmark_root"]))
+
+        from libero.libero.envs import OffScreenRenderEnv  # heavy: robosuite, MuJoCo, EGL
+
+        cameras = [AGENT_CAMERA] + ([WRIST_CAMERA] if self.use_wrist_image else [])
+        self._libero = OffScreenRenderEnv(
+            bddl_file_name=str(self.task.bddl_path(paths["benchmark_root"])),
+            camera_names=cameras,
+            camera_heights=self.image_size,
+            camera_widths=self.image_size,
+            control_freq=CONTROL_FREQ,
+            hard_reset=False,  # keep the compiled model between episodes; the state is set explicitly
+            ignore_done=True,  # the step limit is Gymnasium's TimeLimit
+            initialization_noise=None,
+        )
+        self._rs = self._libero.env  # the robosuite / LIBERO problem env
+        self._robot = self._rs.robots[0]
+        self._eef_site = self._robot.eef_site_id["right"]
+        self._arm_controller = self._robot.composite_controller.part_controllers["right"]
+        if self.init_states.shape[1] != self._rs.sim.get_state().flatten().shape[0]:
+            raise ConfigError(
+                f"{self.task.init_states_path()}: init states have {self.init_states.shape[1]} values, "
+                f"the model's state has {self._rs.sim.get_state().flatten().shape[0]}"
+            )
+
+        hw = (self.image_size, self.image_size, 3)
+        obs_spaces = {"image": spaces.Box(0, 255, hw, np.uint8)}
+        if self.use_wrist_image:
+            obs_spaces["wrist_image"] = spaces.Box(0, 255, hw, np.uint8)
+        obs_spaces["proprio"] = spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32)
+        self.observation_space = spaces.Dict(obs_spaces)
+        low, high = (np.asarray(b, dtype=np.float32) for b in self._rs.action_spec)
+        self.action_space = spaces.Box(low, high, dtype=np.float32)
+
+        scale = np.asarray(self._arm_controller.output_max, dtype=np.float64)
+        self.metadata = {
+            **type(self).metadata,
+            "embodiment": "Panda",
+            "task": self.task.task_id,
+            "task_name": self.task.name,
+            "family": "libero",
+            "language_instruction": self.task.language,
+            "proprio_layout": {k: [s.start, s.stop] for k, s in PROPRIO_LAYOUT.items()},
+            "action_space_desc": {
+                "dim": 7,
+                "controller": "OSC_POSE (delta)",
+                "semantics": ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"],
+                "units": [f"x{scale[i]:g} m" for i in range(3)]
+                + [f"x{scale[i]:g} rad (axis-angle)" for i in range(3, 6)]
+                + ["-1 open, +1 close"],
+                "frame": f"robot base frame ({self._arm_controller.input_ref_frame}); axes parallel to world",
+                "low": low.tolist(),
+                "high": high.tolist(),
+            },
+        }
+        self._raw_obs: dict[str, np.ndarray] | None = None
+        self._obs: dict[str, np.ndarray] | None = None
+        self.init_state_id: int | None = None
+
+    # -------------------------------------------------------------------------------- properties
+
+    @property
+    def sim(self):
+        """robosuite's ``MjSim`` (``.model``, ``.data`` are MuJoCo's)."""
+        return self._rs.sim
+
+    @property
+    def libero_env(self):
+        """The underlying LIBERO problem env (robosuite ``ManipulationEnv``)."""
+        return self._rs
+
+    @property
+    def num_init_states(self) -> int:
+        """Number of fixed init states of this task."""
+        return int(self.init_states.shape[0])
+
+    @property
+    def raw_obs(self) -> dict[str, np.ndarray]:
+        """The last robosuite observation dict (images in OpenGL row order), e.g. for LIBERO demos."""
+        if self._raw_obs is None:
+            raise RuntimeError("call reset() first")
+        return self._raw_obs
+
+    def eef_pose(self) -> tuple[np.ndarray, np.ndarray]:
+        """Grip-site position (3,) in metres and rotation matrix (3, 3), world frame."""
+        data = self.sim.data
+        return np.array(data.site_xpos[self._eef_site]), np.array(data.site_xmat[self._eef_site]).reshape(3, 3)
+
+    # ------------------------------------------------------------------------------------- API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        init_state_id = options.pop("init_state_id", None)
+        if options:
+            raise ConfigError(f"unknown reset option(s) {sorted(options)}; known: ['init_state_id']")
+        if init_state_id is None:
+            init_state_id = int(self.np_random.integers(self.num_init_states))
+        if not 0 <= int(init_state_id) < self.num_init_states:
+            raise ConfigError(f"init_state_id must be in 0..{self.num_init_states - 1}, got {init_state_id}")
+        self.init_state_id = int(init_state_id)
+        self._reset_libero(int(self.np_random.integers(2**32 - 1)))
+        self._raw_obs = self._libero.set_init_state(self.init_states[self.init_state_id])
+        self._obs = self._convert_obs(self._raw_obs)
+        info = {INFO_SUCCESS: bool(self._rs._check_success()), INFO_EEF_DELTA: np.zeros(6, np.float32)}
+        info["init_state_id"] = self.init_state_id
+        return self._obs, info
+
+    def step(self, action):
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != (7,):
+            raise ValueError(f"LIBERO action must have 7 values, got shape {action.shape}")
+        action = np.clip(action, self.action_space.low, self.action_space.high)
+        raw0 = self._raw_obs
+        warnings0 = self._bad_state_warnings()
+        failure = None
+        try:
+            raw, _, _, _ = self._libero.step(action)
+        except (ValueError, FloatingPointError, np.linalg.LinAlgError) as e:
+            failure = self._divergence(warnings0)
+            if failure is None:
+                raise
+            failure = f"{failure} ({type(e).__name__}: {e})"
+        else:
+            failure = self._divergence(warnings0)
+        if failure is not None:
+            info = {INFO_SUCCESS: False, INFO_EEF_DELTA: np.zeros(6, np.float32), INFO_FAILURE: failure}
+            return self._obs, 0.0, True, False, info
+        self._raw_obs = raw
+        self._obs = self._convert_obs(raw)
+        eef_delta = eef_delta_from_raw_obs(raw0, raw)
+        success = bool(self._rs._check_success())
+        info = {INFO_SUCCESS: success, INFO_EEF_DELTA: eef_delta}
+        return self._obs, float(success), success, False, info
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        if self._obs is None:
+            raise RuntimeError("call reset() before render()")
+        return self._obs["image"].copy()
+
+    def close(self):
+        libero = self.__dict__.pop("_libero", None)
+        if libero is not None:
+            libero.close()
+
+    def make_expert(self, noise: float = 0.0, seed: int | None = None):
+        """Scripted reach-and-grasp policy for this task (``sim.libero.expert``), following ``sim.api.Policy``."""
+        from sim.libero.expert import LiberoReachGraspExpert
+
+        return LiberoReachGraspExpert(self, noise=noise, seed=seed)
+
+    # -------------------------------------------------------------------------------- internals
+
+    def _convert_obs(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        obs = {"image": np.ascontiguousarray(raw[f"{AGENT_CAMERA}_image"][::-1])}
+        if self.use_wrist_image:
+            obs["wrist_image"] = np.ascontiguousarray(raw[f"{WRIST_CAMERA}_image"][::-1])
+        obs["proprio"] = proprio_from_raw_obs(raw)
+        return obs
+
+    def _reset_libero(self, seed: int) -> None:
+        """robosuite reset with seeded placement. LIBERO writes fixture poses (cabinets, stoves) into the
+        *model* at every reset, outside the init state, drawing from robosuite samplers (``rng``
+        attributes) and LIBERO region samplers (NumPy's global RNG); both are seeded here, and the
+        global RNG's state is restored afterwards so callers see no side effect."""
+        rng = np.random.default_rng(seed)
+        self._rs.rng = rng
+        stack = [self._rs.placement_initializer]
+        while stack:
+            sampler = stack.pop()
+            if sampler is None:
+                continue
+            if hasattr(sampler, "rng"):
+                sampler.rng = rng
+            stack.extend(getattr(sampler, "samplers", {}).values())
+        global_state = np.random.get_state()
+        np.random.seed(seed)
+        try:
+            self._libero.reset()
+        finally:
+            np.random.set_state(global_state)
+
+    def _bad_state_warnings(self) -> int:
+        import mujoco
+
+        warning = self.sim.data._data.warning if hasattr(self.sim.data, "_data") else self.sim.data.warning
+        return sum(int(warning[getattr(mujoco.mjtWarning, w)].number) for w in _MJ_BAD_STATE_WARNINGS)
+
+    def _divergence(self, warnings_before: int) -> str | None:
+        """Why the physics is no longer trustworthy, or None. MuJoCo resets the state itself (and
+        counts a warning) when it meets NaN / Inf / huge values, so both are checked."""
+        data = self.sim.data
+        for name in ("qpos", "qvel", "qacc"):
+            if not np.all(np.isfinite(getattr(data, name))):
+                return f"physics diverged: NaN or Inf in {name}"
+        if self._bad_state_warnings() > warnings_before:
+            return "physics diverged: MuJoCo found NaN / Inf / huge values and reset the state"
+        return None
+
+
+def eef_delta_from_raw_obs(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> np.ndarray:
+    """(6,) float32 world-frame pose change between two robosuite observations: the ``robot0_eef_pos``
+    difference (m), then the axis-angle (rad) of ``R_after @ R_before.T`` from ``robot0_eef_quat``.
+
+    Taken from the observations (not the live sim) so that ``eef_delta[:3]`` is exactly the change of
+    ``proprio[0:3]`` (LIBERO's ``ee_pos``); robosuite samples them one 2 ms substep before the step ends.
+    """
+    from scipy.spatial.transform import Rotation
+
+    r0 = Rotation.from_quat(before["robot0_eef_quat"])  # (x, y, z, w), as robosuite and scipy both use
+    r1 = Rotation.from_quat(after["robot0_eef_quat"])
+    d_pos = np.asarray(after["robot0_eef_pos"]) - np.asarray(before["robot0_eef_pos"])
+    return np.concatenate([d_pos, (r1 * r0.inv()).as_rotvec()]).astype(np.float32)
+
+
+def proprio_from_raw_obs(raw: dict[str, np.ndarray]) -> np.ndarray:
+    """``proprio`` (15,) float32 from a robosuite observation dict (layout: ``PROPRIO_LAYOUT``)."""
+    return np.concatenate(
+        [
+            raw["robot0_eef_pos"],
+            _axis_angle_from_quat_xyzw(raw["robot0_eef_quat"]),
+            raw["robot0_gripper_qpos"],
+            raw["robot0_joint_pos"],
+        ]
+    ).astype(np.float32)
