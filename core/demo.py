@@ -122,7 +122,7 @@ def render_page(out: Path, results: list[tuple[str, DemoSection | None, str | No
         title = sec.title if sec else name
         parts.append(f"<li><a href='#{name}'>{html.escape(title)}</a> — {status}</li>")
     parts.append("</ul>")
-    for name, sec, err, secs in results:
+    for name, sec, err, _secs in results:
         parts.append(f"<h2 id='{name}'>{html.escape(sec.title if sec else name)}</h2>")
         if sec is not None:
             if sec.lead:
@@ -143,6 +143,7 @@ FOUNDATION: list[tuple[str, str]] = [
     ("datasets", "core.demo_sections:datasets_section"),
     ("loaders", "core.demo_sections:loaders_section"),
 ]
+DEMOS.register("driving", "driving.demo:demo_section")
 DEMOS.register("bc", "worldmodels.bc.demo:demo_section")
 
 

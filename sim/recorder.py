@@ -28,7 +28,7 @@ import numpy as np
 
 from core.io import write_json
 from sim.api import INFO_EEF_DELTA
-from sim.rollout import Episode, RolloutConfig, RolloutResult, check_env_id, rollout
+from sim.rollout import Episode, PolicyFactory, RolloutConfig, RolloutResult, check_env_id, rollout
 
 VIDEO_KEY = "image"
 
@@ -152,7 +152,8 @@ class EpisodeRecorder:
             self._writer.__exit__(exc_type, exc, tb)
 
 
-def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, fps: float = 20.0) -> RolloutResult:
+def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, fps: float = 20.0,
+                   policy: PolicyFactory | None = None) -> RolloutResult:
     """Run ``sim.rollout.rollout`` and write everything to ``out`` (layout in the module docstring).
 
     Episodes are streamed to the HDF5 file as they finish, in index order (``demo_<i>`` is episode i).
@@ -163,7 +164,7 @@ def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, f
     metadata = env_metadata(config.env_id, config.env_kwargs)
     write_json(out / "config.json", {**config.to_dict(), "video": video, "fps": fps, "out": str(out)})
     with EpisodeRecorder(out, config.env_id, metadata, config.env_kwargs, video=video, fps=fps) as rec:
-        result = rollout(config, on_episode=rec.add)
+        result = rollout(config, policy=policy, on_episode=rec.add)
     summary = {
         **result.summary,
         "env_id": config.env_id,

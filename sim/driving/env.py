@@ -162,7 +162,7 @@ class DrivingEnv(gym.Env):
         render_mode: None or "rgb_array" (``render()`` returns the front camera image).
         horizon_s: Episode length [s]; default the scenario's.
         policy_frequency: Actions per simulated second [Hz].
-        image_size: (H, W) of ``image`` [px].
+        image_size: (H, W) of ``image`` [px]; a single number N means (N, 2N) (a wide front camera).
         bev_size: (H, W) of ``bev`` [px].
         bev_m_per_px: BEV resolution [m / px].
         route_points: K, number of route target points.
@@ -182,7 +182,7 @@ class DrivingEnv(gym.Env):
         render_mode: str | None = None,
         horizon_s: float | None = None,
         policy_frequency: int = 5,
-        image_size: tuple[int, int] = (96, 192),
+        image_size: int | tuple[int, int] = (96, 192),
         bev_size: tuple[int, int] = (64, 64),
         bev_m_per_px: float = 1.0,
         route_points: int = 20,
@@ -221,6 +221,8 @@ class DrivingEnv(gym.Env):
         self.policy_frequency = int(policy_frequency)
         self.dt = 1.0 / self.policy_frequency
         self.horizon_steps = max(int(round(self.horizon_s * self.policy_frequency)), 1)
+        if isinstance(image_size, (int, np.integer)):  # one number, as for every other family: N -> (N, 2N)
+            image_size = (int(image_size), 2 * int(image_size))
         self.image_size = tuple(int(v) for v in image_size)
         self.bev_size = tuple(int(v) for v in bev_size)
         self.bev_m_per_px = float(bev_m_per_px)

@@ -1,0 +1,28 @@
+"""Demo section: closed-loop driving evaluation of the baseline policies (``embodied drive eval``)."""
+
+from __future__ import annotations
+
+from core.demo import DemoContext, DemoSection, table, video_tag
+
+
+def demo_section(ctx: DemoContext) -> DemoSection:
+    from driving.evaluate import evaluate_policy
+
+    rows, videos = [], []
+    for policy in ("idm", "constant", "random"):
+        out = ctx.path("drive", policy)
+        report = evaluate_policy(policy, "highway", episodes=2, out=out, seed=ctx.seed)
+        a = report["aggregate"]
+        rows.append({"policy": policy, "driving_score": a["driving_score"], "success_rate": a["success_rate"],
+                     "collision_rate": a["collision_rate"], "offroad_rate": a["offroad_rate"],
+                     "route_completion": a["route_completion"], "mean_speed": a["mean_speed"]})
+        clip = sorted((out / "videos").glob("*.mp4"))
+        if clip:
+            videos.append(video_tag(ctx.rel(clip[0]), f"{policy}: front camera", 256))
+    return DemoSection(
+        title="Closed-loop driving (highway-env)",
+        lead="`embodied drive eval --policy idm|constant|random --scenario highway`: paired seeds, route "
+             "completion x infraction penalty = driving score. AutoMoT joins this table once it is built.",
+        body=table(rows) + "".join(videos),
+        figures={f"ds_{r['policy']}": r["driving_score"] for r in rows},
+    )
