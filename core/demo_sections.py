@@ -6,8 +6,6 @@ whole demo runs in a few minutes on 2 CPU cores.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from core.demo import DemoContext, DemoSection, img_tag, table, video_tag

@@ -41,11 +41,10 @@ def scenario_env_id(scenario: str) -> str:
 def evaluate_policy(policy: str, scenario: str, episodes: int, out: str | Path, seed: int = 0,
                     video: bool = True) -> dict[str, Any]:
     """Run and score ``episodes`` episodes; returns ``{"aggregate": {...}, "episodes": [...]}``."""
+    import sim
     from sim.driving.metrics import EpisodeTracker, aggregate
     from sim.recorder import record_rollout
     from sim.rollout import RolloutConfig, policy_factory
-
-    import sim
 
     sim.register_envs()
     env_id = scenario_env_id(scenario)
