@@ -287,6 +287,9 @@ def _store_schemas() -> None:
 # that composing any config sees every schema — one place, no import-time side effects elsewhere.
 CONFIG_MODULES: list[str] = [
     "worldmodels.bc.configuration_bc",
+    "perception.normals.configuration_transnormal",
+    "perception.spherical.configuration_sola",
+    "worldmodels.lacwm.configuration_lacwm",
 ]
 
 
