@@ -37,7 +37,12 @@ def import_target(target: str) -> Any:
         module_name, _, attr_path = target.rpartition(".")
     if not module_name or not attr_path:
         raise ConfigError(f"bad import target {target!r}: expected 'package.module:attr'")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not module_name.startswith(e.name):
+            raise  # a dependency of the module is missing: that is a real bug, keep the traceback
+        raise ConfigError(f"import target {target!r}: no module named {e.name!r}") from None
     obj: Any = module
     for part in attr_path.split("."):
         try:

@@ -51,4 +51,7 @@ def test_bad_targets():
     with pytest.raises(ConfigError, match="has no attribute"):
         import_target("json:nope")
     with pytest.raises(ConfigError, match="bad import target"):
-        import_target("json")
+        import_target(":dumps")
+    with pytest.raises(ConfigError, match="no module named 'no_such_module_xyz'"):
+        import_target("no_such_module_xyz:thing")
+    assert import_target("json").__name__ == "json"  # a bare module path is the module
