@@ -122,7 +122,7 @@ def _add_train_eval(sub) -> None:
         p.add_argument("method", metavar="METHOD")
         p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value, group=option)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-        p.set_defaults(func=_cmd_train if verb == "train" else _cmd_eval)
+        p.set_defaults(func=_cmd_task)
 
 
 def _method_config(args):
@@ -140,7 +140,8 @@ def _method_config(args):
     return METHODS.get(args.method), cfg
 
 
-def _cmd_train(args) -> int:
+def _cmd_task(args) -> int:
+    """`embodied train|eval METHOD`: compose the experiment config and call the method's task function."""
     module, cfg = _method_config(args)
     if args.print_config:
         from omegaconf import OmegaConf
@@ -150,23 +151,9 @@ def _cmd_train(args) -> int:
     from core.bootstrap import prepare_process
 
     prepare_process()
-    result = module.train(cfg)
-    print(f"trained {args.method}: {result}")
-    return 0
-
-
-def _cmd_eval(args) -> int:
-    module, cfg = _method_config(args)
-    if args.print_config:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    from core.bootstrap import prepare_process
-
-    prepare_process()
-    result = module.evaluate(cfg)
-    print(f"evaluated {args.method}: {result}")
+    fn = module.train if args.command == "train" else module.evaluate
+    result = fn(cfg)
+    print(f"{'trained' if args.command == 'train' else 'evaluated'} {args.method}: {result}")
     return 0
 
 
