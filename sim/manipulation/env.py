@@ -294,13 +294,14 @@ class ManipulationEnv(gym.Env):
         mujoco.mj_jacSite(self._model, self._data, jacp, jacr, self._eef_site)
         return np.concatenate([jacp[:, self._arm_dofs], jacr[:, self._arm_dofs]], axis=0)
 
-    def compose_action(self, dpos: np.ndarray, drot: np.ndarray, grip: float) -> np.ndarray:
+    def compose_action(self, dpos: np.ndarray, drot: np.ndarray, grip: float | np.ndarray) -> np.ndarray:
         """Build this embodiment's action from an embodiment-independent end-effector command.
 
         Args:
             dpos: (3,) desired end-effector displacement this step, m, world frame.
             drot: (3,) desired rotation this step, axis-angle in rad, world frame.
-            grip: -1 (open) .. +1 (closed), applied to the gripper or to every finger of a hand.
+            grip: -1 (open) .. +1 (closed), applied to the gripper or to every finger of a hand; a hand also
+                takes one command per finger (``len(spec_.hand_dims)`` values, in ``hand_dims`` order).
 
         Returns:
             (action_dim,) float32 action clipped to [-1, 1].
@@ -316,7 +317,7 @@ class ManipulationEnv(gym.Env):
             damping = 1e-3
             dq = jac.T @ np.linalg.solve(jac @ jac.T + damping * np.eye(6), twist)
             arm = dq / JOINT_POS_SCALE
-        hand = np.full(len(emb.hand_dims), float(grip))
+        hand = np.broadcast_to(np.asarray(grip, dtype=np.float64), (len(emb.hand_dims),))
         return np.clip(np.concatenate([arm, hand]), -1.0, 1.0).astype(np.float32)
 
     def make_expert(self, noise: float = 0.05, seed: int | None = None):

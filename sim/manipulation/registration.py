@@ -20,7 +20,8 @@ class EmbodimentSpec:
     Attributes:
         name: Embodiment name used in env ids and ``metadata["embodiment"]`` (e.g. ``"Panda+InspireHand"``
             is registered as ``PandaInspireHand`` in the id).
-        robot: robosuite robot class name.
+        robot: robosuite robot class name (``PandaDexRH`` is robosuite's Panda composition that mounts the
+            Inspire right hand with its fingers along the flange axis).
         gripper: robosuite gripper / hand class name (``"default"`` = the robot's own).
         controller: robosuite arm part-controller type: ``OSC_POSE`` (6-d delta pose),
             ``OSC_POSITION`` (3-d delta position) or ``JOINT_POSITION`` (delta joint angles).
@@ -52,6 +53,9 @@ class EmbodimentSpec:
 
 
 # Inspire hand action order as robosuite's InspireRightHand maps it onto its 12 actuators.
+# The hand runs on robosuite's ``PandaDexRH`` robot, i.e. the Panda arm with the hand's own mount rotation:
+# on the plain ``Panda`` the hand keeps the GR1 mount of its MJCF, which leaves the fingers pointing back
+# up past the wrist, so nothing below the hand can be grasped.
 INSPIRE_FINGERS = ("pinky", "ring", "middle", "index", "thumb_bend", "thumb_rotation")
 
 EMBODIMENTS: dict[str, EmbodimentSpec] = {
@@ -62,7 +66,7 @@ EMBODIMENTS: dict[str, EmbodimentSpec] = {
         EmbodimentSpec("UR5e", "UR5e", "Robotiq140Gripper", "OSC_POSE", 6),
         EmbodimentSpec("IIWA", "IIWA", "Robotiq140Gripper", "JOINT_POSITION", 7),
         EmbodimentSpec("Kinova3", "Kinova3", "JacoThreeFingerGripper", "OSC_POSITION", 7),
-        EmbodimentSpec("Panda+InspireHand", "Panda", "InspireRightHand", "OSC_POSE", 7, INSPIRE_FINGERS),
+        EmbodimentSpec("Panda+InspireHand", "PandaDexRH", "InspireRightHand", "OSC_POSE", 7, INSPIRE_FINGERS),
     )
 }
 
