@@ -122,6 +122,9 @@ def _add_train_eval(sub) -> None:
         p.add_argument("method", metavar="METHOD")
         p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value, group=option)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        if verb == "eval":
+            p.add_argument("--rotate", choices=["none", "yaw", "so3"], default=None,
+                           help="evaluate on rotated inputs (spherical methods: same as the override data.rotate=...)")
         p.set_defaults(func=_cmd_task)
 
 
@@ -136,7 +139,8 @@ def _method_config(args):
             raise NotBuiltError(f"method {args.method!r} ({methods.PLANNED[args.method][0]}) is not built yet")
         known = ", ".join(METHODS.names()) or "none yet"
         raise ConfigError(f"unknown method {args.method!r} (built: {known})")
-    cfg = compose([f"experiment={args.method}", *args.overrides])
+    extra = [f"data.rotate={args.rotate}"] if getattr(args, "rotate", None) else []
+    cfg = compose([f"experiment={args.method}", *args.overrides, *extra])
     return METHODS.get(args.method), cfg
 
 

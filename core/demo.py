@@ -144,6 +144,7 @@ FOUNDATION: list[tuple[str, str]] = [
     ("loaders", "core.demo_sections:loaders_section"),
 ]
 DEMOS.register("driving", "driving.demo:demo_section")
+DEMOS.register("sola", "perception.spherical.demo:demo_section")
 DEMOS.register("bc", "worldmodels.bc.demo:demo_section")
 
 

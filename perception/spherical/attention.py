@@ -1,0 +1,247 @@
+"""SoLA attention (softmax and linear variants), an explicit gather reference, and the LPE baseline.
+
+Paper: "SoLA: Spherical SO(3)-Equivariant Local Attention" (ICML 2026); no official code. Reading of the
+abstract used here (the most consistent one; recorded as such): queries and keys are lifted with an outer
+product with the 4-d direction vector ``a(u) = [sqrt(b), sqrt(w) u_x, sqrt(w) u_y, sqrt(w) u_z]``::
+
+    q~_i = q_i (x) a(u_i),  k~_j = k_j (x) a(u_j)    =>   <q~_i, k~_j> = <q_i, k_j> (b + w cos(theta_ij))
+
+so the similarity is content affinity times a function of the great-circle distance only, unchanged by
+any global rotation (``u -> R u``). ``b`` and ``w`` are learned per head (kept >= 0 through a softplus).
+
+Variants (tokens are icosphere vertices; neighbourhood ``N(i)`` a padded index table, self included):
+    softmax   ``o_i = sum_{j in N(i)} softmax_j(<q~_i, k~_j> / sqrt(d)) v_j``
+    linear    positive feature map ``phi = elu + 1`` on q and k, then per node
+              ``S_i = sum_{j in N(i)} k~_j v_j^T`` and ``z_i = sum_{j in N(i)} k~_j`` as ONE sparse product
+              ``A @ [k~ v^T | k~]`` with the 0/1 adjacency A (no per-query gather of neighbours), and
+              ``o_i = q~_i^T S_i / (q~_i^T z_i)``. ``b + w cos(theta) > 0`` on local neighbourhoods keeps the
+              denominator positive.
+    lpe       the baseline: plain content attention ``<q_i, k_j> / sqrt(d)`` plus a relative position bias
+              ``MLP(dphi, dtheta)`` (longitude / latitude differences) and an absolute latitude embedding
+              added to the tokens before q / k, as in SphereUFormer. Both depend on where the token is on
+              the sphere, which breaks rotation equivariance.
+
+Tensors: features ``(B, N, C)``; per-head ``(B, h, N, d)``; directions ``(N, 3)`` unit vectors in the
+panorama camera frame (OpenCV axes, ``core.data.panoramas``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perception.spherical.icosphere import gather_neighbours, icosphere
+
+__all__ = [
+    "LPEAttention",
+    "SoLAAttention",
+    "SphereGrid",
+    "direction_lift",
+    "linear_attention_gather",
+    "sola_linear_attention",
+    "sola_softmax_attention",
+]
+
+
+class SphereGrid(nn.Module):
+    """Geometry of one icosphere level as (non-persistent) buffers: rebuilt, never checkpointed.
+
+    Buffers: ``dirs`` (N, 3) float32, ``index`` (N, K) int64 ``-1``-padded ``ring``-neighbourhoods,
+    ``mask`` (N, K) bool (True = real neighbour), ``latlon`` (N, 2) float32 radians.
+    """
+
+    def __init__(self, level: int, ring: int = 1):
+        super().__init__()
+        sphere = icosphere(level)
+        self.level, self.ring, self.n = level, ring, sphere.n
+        index = torch.as_tensor(sphere.ring(ring).copy())
+        lat, lon = sphere.latlon()
+        self.register_buffer("dirs", torch.as_tensor(sphere.vertices, dtype=torch.float32), persistent=False)
+        self.register_buffer("index", index, persistent=False)
+        self.register_buffer("mask", index >= 0, persistent=False)
+        self.register_buffer("latlon", torch.as_tensor(list(zip(lat, lon, strict=True)), dtype=torch.float32),
+                             persistent=False)
+        # mean angle between mesh neighbours: the unit the LPE baseline measures offsets in
+        e = sphere.edges
+        self.spacing = float(torch.as_tensor((sphere.vertices[e[:, 0]] * sphere.vertices[e[:, 1]]).sum(1))
+                             .clamp(-1, 1).acos().mean())
+        self._adjacency: dict[torch.device, torch.Tensor] = {}
+
+    def adjacency(self) -> torch.Tensor:
+        """(N, N) sparse COO 0/1 matrix, ``A[i, j] = 1`` iff ``j in N(i)`` (cached per device)."""
+        dev = self.index.device
+        if dev not in self._adjacency:
+            rows = torch.arange(self.n, device=dev)[:, None].expand_as(self.index)[self.mask]
+            cols = self.index[self.mask]
+            vals = torch.ones(len(rows), device=dev)
+            self._adjacency[dev] = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (self.n, self.n),
+                                                                check_invariants=False).coalesce()
+        return self._adjacency[dev]
+
+
+# ------------------------------------------------------------------------------------------ functional
+def direction_lift(x: torch.Tensor, dirs: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x (x) a(u)`` with ``a(u) = [sqrt(b), sqrt(w) u]``.
+
+    Args:
+        x: (B, h, N, d) queries or keys. dirs: (N, 3) unit directions. b, w: (h,) non-negative.
+
+    Returns:
+        (B, h, N, 4 d): the flattened outer product, ``d``-major (entry ``c * 4 + m`` is ``x_c a_m``).
+    """
+    sb, sw = b.clamp_min(0).sqrt(), w.clamp_min(0).sqrt()
+    a = torch.cat([sb[:, None, None].expand(-1, dirs.shape[0], 1), sw[:, None, None] * dirs[None]], dim=-1)
+    return (x.unsqueeze(-1) * a[None, :, :, None, :].to(x.dtype)).flatten(-2)  # (B, h, N, d, 4) -> (B, h, N, 4d)
+
+
+def _gather_heads(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, h, N, d) -> (B, h, N, K, d) neighbours along the token axis."""
+    bsz, h, n, d = x.shape
+    return gather_neighbours(x.reshape(bsz * h, n, d), index).reshape(bsz, h, n, index.shape[1], d)
+
+
+def sola_softmax_attention(q, k, v, dirs, index, mask, b, w, lifted: bool = False) -> torch.Tensor:
+    """SoLA with a local softmax.
+
+    Args:
+        q, k, v: (B, h, N, d). dirs: (N, 3). index / mask: (N, K) neighbour table and validity.
+        b, w: (h,) modulation ``b + w cos(theta)``.
+        lifted: score with the explicit 4d lift ``<q~_i, k~_j>``; by default the identical factorised form
+            ``<q_i, k_j> (b + w u_i . u_j)`` is used (4x less memory; tested equal).
+
+    Returns:
+        (B, h, N, d).
+    """
+    if lifted:
+        qt, kt = direction_lift(q, dirs, b, w), direction_lift(k, dirs, b, w)
+        scores = torch.einsum("bhnc,bhnkc->bhnk", qt, _gather_heads(kt, index))
+    else:  # the same numbers without materialising the 4d lift: <q~_i, k~_j> = <q_i, k_j> (b + w cos)
+        cos = (dirs[:, None, :] * dirs[index.clamp_min(0)]).sum(-1)  # (N, K)
+        mod = b.clamp_min(0)[:, None, None] + w.clamp_min(0)[:, None, None] * cos  # (h, N, K)
+        scores = torch.einsum("bhnc,bhnkc->bhnk", q, _gather_heads(k, index)) * mod.to(q.dtype)
+    scores = (scores / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
+    attn = scores.softmax(-1)
+    return torch.einsum("bhnk,bhnkc->bhnc", attn, _gather_heads(v, index))
+
+
+def _positive(x: torch.Tensor) -> torch.Tensor:
+    return F.elu(x) + 1.0
+
+
+def sola_linear_attention(q, k, v, dirs, adjacency, b, w, eps: float = 1e-6) -> torch.Tensor:
+    """Softmax-free SoLA by key-value aggregation: one sparse product, no per-query neighbour gather.
+
+    Args:
+        q, k, v: (B, h, N, d). dirs: (N, 3). adjacency: (N, N) sparse 0/1 (``SphereGrid.adjacency``).
+        b, w: (h,) modulation. eps: added to the normaliser.
+
+    Returns:
+        (B, h, N, d).
+    """
+    bsz, h, n, d = v.shape
+    qt, kt = direction_lift(_positive(q), dirs, b, w), direction_lift(_positive(k), dirs, b, w)  # (B,h,N,4d)
+    kv = torch.einsum("bhnc,bhne->bhnce", kt, v).flatten(-2)  # (B, h, N, 4d * d)
+    feats = torch.cat([kv, kt], dim=-1)  # (B, h, N, F)
+    f = feats.shape[-1]
+    flat = feats.permute(2, 0, 1, 3).reshape(n, bsz * h * f)
+    dt = torch.float32 if flat.dtype in (torch.bfloat16, torch.float16) else flat.dtype  # sparse mm: no bf16
+    agg = torch.sparse.mm(adjacency.to(dt), flat.to(dt))
+    agg = agg.to(feats.dtype).reshape(n, bsz, h, f).permute(1, 2, 0, 3)
+    s, z = agg[..., : kv.shape[-1]].unflatten(-1, (qt.shape[-1], d)), agg[..., kv.shape[-1] :]
+    num = torch.einsum("bhnc,bhnce->bhne", qt, s)
+    den = torch.einsum("bhnc,bhnc->bhn", qt, z)
+    return num / (den.unsqueeze(-1) + eps)
+
+
+def linear_attention_gather(q, k, v, dirs, index, mask, b, w, eps: float = 1e-6) -> torch.Tensor:
+    """Reference for ``sola_linear_attention``: gather every query's neighbours explicitly.
+
+    ``o_i = sum_j <q~_i, k~_j> v_j / (sum_j <q~_i, k~_j> + eps)`` over ``j in N(i)``; same shapes.
+    """
+    qt, kt = direction_lift(_positive(q), dirs, b, w), direction_lift(_positive(k), dirs, b, w)
+    sims = torch.einsum("bhnc,bhnkc->bhnk", qt, _gather_heads(kt, index)) * mask
+    num = torch.einsum("bhnk,bhnkc->bhnc", sims, _gather_heads(v, index))
+    return num / (sims.sum(-1, keepdim=True) + eps)
+
+
+# ------------------------------------------------------------------------------------------ modules
+def _inv_softplus(y: float) -> float:
+    return math.log(math.expm1(y)) if y > 0 else -20.0
+
+
+class SoLAAttention(nn.Module):
+    """Multi-head SoLA on one icosphere level; ``forward(x (B, N, C), grid) -> (B, N, C)``.
+
+    Args:
+        dim: channels C. head_dim: channels per head (``C // head_dim`` heads).
+        variant: ``"softmax"`` or ``"linear"``. b_init, w_init: initial ``b``, ``w`` (every head).
+        learn_bw: learn ``b``, ``w`` per head (else fixed buffers).
+    """
+
+    def __init__(self, dim: int, head_dim: int = 16, variant: str = "softmax", b_init: float = 1.0,
+                 w_init: float = 1.0, learn_bw: bool = True):
+        super().__init__()
+        if variant not in ("softmax", "linear"):
+            raise ValueError(f"variant must be softmax or linear, got {variant!r}")
+        self.heads, self.head_dim, self.variant = dim // head_dim, head_dim, variant
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        raw = torch.tensor([[_inv_softplus(b_init)], [_inv_softplus(w_init)]]).expand(2, self.heads).clone()
+        if learn_bw:
+            self.bw_raw = nn.Parameter(raw)
+        else:
+            self.register_buffer("bw_raw", raw)
+
+    def modulation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head ``(b, w)``, each (h,) >= 0."""
+        bw = F.softplus(self.bw_raw)
+        return bw[0], bw[1]
+
+    def forward(self, x: torch.Tensor, grid: SphereGrid) -> torch.Tensor:
+        bsz, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(bsz, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B,h,N,d)
+        b, w = self.modulation()
+        if self.variant == "softmax":
+            o = sola_softmax_attention(q, k, v, grid.dirs, grid.index, grid.mask, b, w)
+        else:
+            o = sola_linear_attention(q, k, v, grid.dirs, grid.adjacency(), b, w)
+        return self.proj(o.transpose(1, 2).reshape(bsz, n, c))
+
+
+class LPEAttention(nn.Module):
+    """SphereUFormer-style local softmax attention with location-dependent positional embeddings.
+
+    ``scores_ij = <q_i, k_j> / sqrt(d) + MLP(dphi_ij, dtheta_ij)[head]`` with ``dphi`` the wrapped longitude
+    difference and ``dtheta`` the latitude difference (both in units of the level's mean neighbour spacing),
+    and q / k computed from ``x + E(lat)`` (a sinusoidal latitude embedding through a linear layer).
+    """
+
+    def __init__(self, dim: int, head_dim: int = 16, hidden: int = 32, lat_freqs: int = 4):
+        super().__init__()
+        self.heads, self.head_dim, self.lat_freqs = dim // head_dim, head_dim, lat_freqs
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.rel_bias = nn.Sequential(nn.Linear(2, hidden), nn.GELU(), nn.Linear(hidden, self.heads))
+        self.lat_embed = nn.Linear(2 * lat_freqs, dim)
+
+    def forward(self, x: torch.Tensor, grid: SphereGrid) -> torch.Tensor:
+        bsz, n, c = x.shape
+        lat, lon = grid.latlon[:, 0], grid.latlon[:, 1]
+        f = torch.arange(1, self.lat_freqs + 1, device=x.device, dtype=lat.dtype)
+        emb = self.lat_embed(torch.cat([torch.sin(lat[:, None] * f), torch.cos(lat[:, None] * f)], -1).to(x.dtype))
+        qk = F.linear(x + emb, self.qkv.weight[: 2 * c], self.qkv.bias[: 2 * c])
+        v = F.linear(x, self.qkv.weight[2 * c :], self.qkv.bias[2 * c :])
+        q, k = qk.reshape(bsz, n, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        v = v.reshape(bsz, n, self.heads, self.head_dim).transpose(1, 2)
+        idx = grid.index.clamp_min(0)
+        dphi = torch.remainder(lon[idx] - lon[:, None] + math.pi, 2 * math.pi) - math.pi  # (N, K)
+        dtheta = lat[idx] - lat[:, None]
+        rel = torch.stack([dphi, dtheta], -1) / grid.spacing
+        bias = self.rel_bias(rel.to(x.dtype)).permute(2, 0, 1)  # (h, N, K)
+        scores = torch.einsum("bhnc,bhnkc->bhnk", q, _gather_heads(k, grid.index)) / math.sqrt(self.head_dim)
+        scores = (scores + bias).masked_fill(~grid.mask, float("-inf"))
+        o = torch.einsum("bhnk,bhnkc->bhnc", scores.softmax(-1), _gather_heads(v, grid.index))
+        return self.proj(o.transpose(1, 2).reshape(bsz, n, c))
