@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from core.errors import CheckpointError
-from core.io import read_json, write_json, write_text
+from core.io import atomic_path, read_json, write_json, write_text
 
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "ema.safetensors"
@@ -56,16 +56,8 @@ def state_dict_to_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torc
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None):
     """Write a state_dict to a safetensors file atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state_dict_to_tensors(state_dict), tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(state_dict_to_tensors(state_dict), str(tmp), metadata=metadata)
 
 
 def load_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
