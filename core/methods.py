@@ -41,6 +41,9 @@ INFER = Registry("inference command")
 METHODS.register("bc", "worldmodels.bc.task", folder="worldmodels/bc",
                  description="behaviour-cloning proposal policy (reference method; the planners' sampler)")
 POLICIES.register("bc", "worldmodels.bc.task:load_policy")
+METHODS.register("transnormal", "perception.normals.task", folder="perception/normals",
+                 description=PLANNED["transnormal"][1])
+INFER.register("normals", "perception.normals.cli:infer")
 METHODS.register("sola", "perception.spherical.task", folder="perception/spherical",
                  description=PLANNED["sola"][1])
 INFER.register("depth360", "perception.spherical.cli:infer")

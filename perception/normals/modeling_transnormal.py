@@ -1,0 +1,486 @@
+"""TransNormal: single-step diffusion normals for transparent objects with DINOv3 cross-attention.
+
+Paper: "TransNormal" (ICML 2026; abstract in shared/papers/abstracts.md). A Stable-Diffusion-2-style latent
+UNet (diffusers ``UNet2DConditionModel``) and a frozen VAE (``AutoencoderKL``): the VAE latent of the RGB
+image — no noise — goes through ONE UNet pass at the fixed timestep 999 and comes out as the normal
+map's latent, which the frozen decoder turns into a normal map. A 2-d one-hot task code ([1, 0] normals,
+[0, 1] RGB reconstruction), sin/cos-embedded (4-d), enters through the UNet's "projection" class
+embedding. The text cross-attention context is replaced by DINOv3 patch tokens (CLS and the 4 registers
+dropped) projected by a trainable Linear(dino_dim -> cross_attention_dim) (Xavier init, zero bias).
+DINOv3 and the VAE are frozen; the UNet and the projector train.
+
+Frames and ranges: images enter as (B, 3, H, W) uint8 RGB or float in [-1, 1]; normal maps are unit
+vectors in the OpenCV camera frame (x right, y down, z forward), stored in the VAE's image space as the
+raw components in [-1, 1]. Latents are (B, C, H/f, W/f) with f = ``config.vae_factor`` (SD: 8), multiplied
+by ``latent_scale``.
+
+Deviations: at tiny scale nothing pretrained exists here, so the VAE is pre-trained as an auto-encoder on
+the synthetic RGB + normal maps by ``task.train`` (stage 1) and DINOv3 is a frozen random tiny ViT unless
+``dino_path`` points at real weights. ``mode="diffusion"`` turns the same UNet into the Marigold-style
+multi-step baseline (RGB latent concatenated to a noisy normal latent, v-prediction, DDIM sampling in
+``pipeline_transnormal``); the paper compares against Marigold-family models instead of retraining one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.checkpoint import load_into, load_weights
+from core.errors import CheckpointError
+from core.logging import get_logger
+from perception.normals.configuration_transnormal import TransNormalConfig
+from perception.normals.losses import latent_valid_mask, masked_mse, wavelet_loss
+
+log = get_logger("embodied.transnormal")
+
+TASKS = ("normals", "rgb")
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+_DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+
+
+def task_embedding(task: str | list[str], batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One-hot task code ([1, 0] normals, [0, 1] RGB) -> (B, 4) [sin(code), cos(code)]."""
+    names = [task] * batch if isinstance(task, str) else list(task)
+    if len(names) != batch or any(n not in TASKS for n in names):
+        raise ValueError(f"task must be one of {TASKS} (or a list of {batch}), got {task!r}")
+    code = torch.tensor([[1.0, 0.0] if n == "normals" else [0.0, 1.0] for n in names], device=device, dtype=dtype)
+    return torch.cat([torch.sin(code), torch.cos(code)], dim=-1)
+
+
+def to_unit_range(rgb: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) uint8 [0, 255] or float [-1, 1] -> float32 [-1, 1]."""
+    return rgb.float() / 127.5 - 1.0 if rgb.dtype == torch.uint8 else rgb.float()
+
+
+# ------------------------------------------------------------------------------------------ builders
+def _diffusers_weights(folder: Path) -> Path:
+    for name in _DIFFUSERS_WEIGHTS:
+        if (folder / name).is_file():
+            return folder / name
+    raise CheckpointError(f"{folder}: no {' or '.join(_DIFFUSERS_WEIGHTS)} (a diffusers model folder with "
+                          "safetensors weights is expected)")
+
+
+def _check_report(report: dict[str, list[str]], source: str, allowed_missing: tuple[str, ...] = ()) -> None:
+    missing = [k for k in report["missing"] if not k.startswith(allowed_missing)]
+    bad = {"missing": missing, "unexpected": report["unexpected"], "mismatched": report["mismatched"]}
+    if any(bad.values()):
+        parts = [f"{len(v)} {k}: {', '.join(v[:5])}{' ...' if len(v) > 5 else ''}" for k, v in bad.items() if v]
+        raise CheckpointError(f"{source} does not match the model: " + "; ".join(parts))
+    if report["missing"]:
+        log.info("%s: %d keys initialised fresh (%s ...)", source, len(report["missing"]), report["missing"][0])
+
+
+def build_unet(config: TransNormalConfig):
+    """The UNet from ``config`` sizes, or from a local diffusers folder (``config.unet_path``).
+
+    A pretrained SD2 / Lotus / Marigold UNet is adapted, with every other key checked: the "projection"
+    class embedding (task switch) is created when the folder has none, and ``conv_in`` is widened to
+    2x latent channels for ``mode="diffusion"`` (Marigold's trick: weights duplicated and halved).
+    """
+    from diffusers import UNet2DConditionModel
+
+    in_channels = config.latent_channels * (2 if config.mode == "diffusion" else 1)
+    task = {"class_embed_type": "projection", "projection_class_embeddings_input_dim": 4}
+    if config.unet_path is None:
+        return UNet2DConditionModel(
+            sample_size=config.image_size // config.vae_factor,
+            in_channels=in_channels,
+            out_channels=config.latent_channels,
+            down_block_types=tuple(config.down_block_types),
+            up_block_types=tuple(config.up_block_types),
+            block_out_channels=tuple(config.block_out_channels),
+            layers_per_block=config.layers_per_block,
+            attention_head_dim=tuple(config.attention_head_dim) if len(config.attention_head_dim) > 1
+            else config.attention_head_dim[0],
+            cross_attention_dim=config.cross_attention_dim,
+            norm_num_groups=config.norm_num_groups,
+            use_linear_projection=True,
+            **task,
+        )
+    folder = Path(config.unet_path)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: not a diffusers UNet folder (no config.json)")
+    cfg = dict(UNet2DConditionModel.load_config(folder))
+    cfg.update(task, in_channels=in_channels)
+    unet = UNet2DConditionModel.from_config(cfg)
+    src = _diffusers_weights(folder)
+    sd = load_weights(src)
+    w = sd.get("conv_in.weight")
+    if w is not None and w.shape[1] != in_channels:
+        if w.shape[1] * 2 == in_channels:
+            sd["conv_in.weight"] = torch.cat([w, w], dim=1) * 0.5
+        elif w.shape[1] == 2 * in_channels:  # a Marigold (8-channel) UNet used single-step: keep the RGB half
+            sd["conv_in.weight"] = w[:, :in_channels] * 2.0
+    for k in [k for k in sd if k.startswith("class_embedding.")]:
+        if k not in unet.state_dict() or sd[k].shape != unet.state_dict()[k].shape:
+            sd.pop(k)  # another class embedding (e.g. a 2-d one without sin/cos): start it fresh
+    _check_report(load_into(unet, sd, str(src), strict=False), str(src), ("class_embedding.",))
+    return unet
+
+
+def build_vae(config: TransNormalConfig):
+    """The VAE from ``config`` sizes (weights loaded later by ``load_vae``)."""
+    from diffusers import AutoencoderKL
+
+    if config.vae_path is not None and (Path(config.vae_path) / "config.json").is_file():
+        cfg = dict(AutoencoderKL.load_config(config.vae_path))
+        if cfg.get("_class_name", "AutoencoderKL") == "AutoencoderKL" and "latent_channels" in cfg:
+            return AutoencoderKL.from_config(cfg)
+    n = len(config.vae_block_out_channels)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(config.vae_block_out_channels),
+        layers_per_block=config.vae_layers_per_block,
+        latent_channels=config.latent_channels,
+        norm_num_groups=config.vae_norm_num_groups,
+        sample_size=config.image_size,
+        scaling_factor=config.scaling_factor,
+    )
+
+
+def load_vae(vae: nn.Module, path: str | Path) -> float | None:
+    """Load VAE weights from a diffusers folder or a project checkpoint directory (``vae.*`` keys).
+
+    Returns the latent scale the source states (diffusers ``scaling_factor``; the VAE stage's measured
+    ``1 / latent_std``), or None.
+    """
+    from core.checkpoint import resolve_checkpoint
+
+    path = Path(path)
+    if (path / "config.json").is_file() and any((path / n).is_file() for n in _DIFFUSERS_WEIGHTS) and not (
+        path / "training_state.json"
+    ).exists() and "vae.encoder.conv_in.weight" not in _peek_keys(_diffusers_weights(path)):
+        src = _diffusers_weights(path)
+        _check_report(load_into(vae, load_weights(src), str(src), strict=False), str(src))
+        return float(json.loads((path / "config.json").read_text()).get("scaling_factor", 0.18215))
+    ckpt = resolve_checkpoint(path)
+    sd = load_weights(ckpt / "model.safetensors")
+    sub = {k[len("vae."):]: v for k, v in sd.items() if k.startswith("vae.")}
+    if not sub:
+        raise CheckpointError(f"{ckpt}: holds no vae.* weights")
+    _check_report(load_into(vae, sub, str(ckpt), strict=False), str(ckpt))
+    if "latent_std" in sd:
+        return float(1.0 / sd["latent_std"].clamp_min(1e-6))
+    if "latent_scale" in sd:
+        return float(sd["latent_scale"])
+    return None
+
+
+def _peek_keys(file: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        return set(f.keys())
+
+
+def build_dino(config: TransNormalConfig) -> nn.Module:
+    """timm DINOv3 ViT (``pretrained=False``: no hub), weights from ``config.dino_path`` when given."""
+    import timm
+
+    model = timm.create_model(config.dino_model, pretrained=False, num_classes=0, dynamic_img_size=True,
+                              **dict(config.dino_kwargs))
+    if config.dino_path is not None:
+        load_dino(model, config.dino_path)
+    return model
+
+
+def hf_dinov3_to_timm(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Rename a Hugging Face ``DINOv3ViTModel`` state dict to timm's ``vit_*_patch16_dinov3*`` layout.
+
+    q / k / v projections are fused into ``qkv``; q / v biases go to timm's ``q_bias`` / ``v_bias`` when the
+    model has them (``*_qkvb`` variants) and must be all zero otherwise.
+    """
+    own = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    sd = {(k[len("dinov3."):] if k.startswith("dinov3.") else k): v for k, v in sd.items()}
+    fixed = {"embeddings.cls_token": "cls_token", "embeddings.register_tokens": "reg_token",
+             "embeddings.patch_embeddings.weight": "patch_embed.proj.weight",
+             "embeddings.patch_embeddings.bias": "patch_embed.proj.bias",
+             "norm.weight": "norm.weight", "norm.bias": "norm.bias"}
+    layer_map = {"norm1.": "norm1.", "norm2.": "norm2.", "attention.o_proj.": "attn.proj.",
+                 "layer_scale1.lambda1": "gamma_1", "layer_scale2.lambda1": "gamma_2",
+                 "mlp.up_proj.": "mlp.fc1.", "mlp.down_proj.": "mlp.fc2.", "mlp.gate_proj.": "mlp.fc1_g."}
+    gated = any(".mlp.gate_proj." in k for k in sd)
+    if gated:
+        layer_map["mlp.up_proj."] = "mlp.fc1_x."
+    for k, v in sd.items():
+        if k in fixed:
+            out[fixed[k]] = v
+            continue
+        if k == "embeddings.mask_token" or not k.startswith("model.layer."):
+            if k != "embeddings.mask_token":
+                out[k] = v  # unknown: reported by load_into
+            continue
+        i, rest = k[len("model.layer."):].split(".", 1)
+        prefix = f"blocks.{i}."
+        if rest.startswith("attention.") and rest.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
+            proj, kind = rest.split(".")[1:3]
+            if kind == "weight" and proj == "q_proj":
+                out[prefix + "attn.qkv.weight"] = torch.cat(
+                    [sd[f"model.layer.{i}.attention.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj")], 0)
+            elif kind == "bias" and proj in ("q_proj", "v_proj"):
+                target = prefix + f"attn.{proj[0]}_bias"
+                if target in own:
+                    out[target] = v
+                elif v.abs().max() > 0:
+                    raise CheckpointError(f"{k} is non-zero but {type(model).__name__} has no {target}; use the "
+                                          "*_qkvb timm variant")
+            continue
+        for src, dst in layer_map.items():
+            if rest.startswith(src):
+                out[prefix + dst + rest[len(src):]] = v
+                break
+        else:
+            out[k] = v
+    return out
+
+
+def load_dino(model: nn.Module, path: str | Path) -> None:
+    """Load DINOv3 weights (timm, Meta original or Hugging Face layout), checking every key and shape."""
+    path = Path(path)
+    file = path
+    if path.is_dir():
+        cands = [path / "model.safetensors", *sorted(path.glob("*.safetensors"))]
+        file = next((c for c in cands if c.is_file()), None)
+        if file is None:
+            raise CheckpointError(f"{path}: no .safetensors file")
+    sd = load_weights(file)
+    if "embeddings.patch_embeddings.weight" in sd or "dinov3.embeddings.patch_embeddings.weight" in sd:
+        sd = hf_dinov3_to_timm(sd, model)
+    elif "storage_tokens" in sd:
+        from timm.models.eva import checkpoint_filter_fn
+
+        sd = checkpoint_filter_fn(sd, model)
+    load_into(model, sd, str(file), strict=True)
+
+
+# ------------------------------------------------------------------------------------------ model
+class TransNormalModel(nn.Module):
+    """UNet + frozen VAE + frozen DINOv3 + trainable projector (module docstring).
+
+    Args:
+        config: Sizes and weight sources; ``unet_path`` / ``vae_path`` / ``dino_path`` load real weights.
+    """
+
+    def __init__(self, config: TransNormalConfig):
+        super().__init__()
+        self.config = config
+        self.vae = build_vae(config)
+        scale = config.scaling_factor
+        if config.vae_path is not None:
+            scale = load_vae(self.vae, config.vae_path) or scale
+        self.vae.requires_grad_(False)
+        self.unet = build_unet(config)
+        ctx_dim = int(self.unet.config.cross_attention_dim)
+        if config.use_dino:
+            self.dino = build_dino(config).requires_grad_(False)
+            self.projector = nn.Linear(self.dino.num_features, ctx_dim)
+            nn.init.xavier_uniform_(self.projector.weight)
+            nn.init.zeros_(self.projector.bias)
+            self.register_buffer("dino_mean", torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+            self.register_buffer("dino_std", torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        else:
+            self.dino = None
+            self.null_context = nn.Parameter(torch.zeros(1, 1, ctx_dim))  # the "empty prompt" token
+        self.register_buffer("latent_scale", torch.tensor(float(scale)))
+        self._noise_scheduler = None
+
+    # -- components -------------------------------------------------------------------------------
+    @property
+    def factor(self) -> int:
+        """Pixels per latent cell along each axis."""
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) float in [-1, 1] -> (B, C, H/f, W/f) scaled latent (posterior mode, deterministic)."""
+        return self.vae.encode(x).latent_dist.mode() * self.latent_scale
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, C, h, w) scaled latent -> (B, 3, h*f, w*f) image-space map (raw decoder output)."""
+        return self.vae.decode(z / self.latent_scale).sample
+
+    def context(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) float in [-1, 1] -> cross-attention context (B, N, cross_attention_dim).
+
+        With DINOv3: N = (H'/16)(W'/16) patch tokens of the image resized to ``dino_image_size`` (H' = H
+        when unset); CLS and register tokens are dropped. Without: one learned null token.
+        """
+        B = x.shape[0]
+        if self.dino is None:
+            return self.null_context.expand(B, -1, -1)
+        size = self.config.dino_image_size
+        if size is not None and tuple(x.shape[-2:]) != (size, size):
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        elif x.shape[-1] % 16 or x.shape[-2] % 16:
+            h, w = (max(16, round(s / 16) * 16) for s in x.shape[-2:])
+            x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        x = ((x + 1.0) * 0.5 - self.dino_mean) / self.dino_std
+        with torch.no_grad():
+            tokens = self.dino.forward_features(x)  # (B, prefix + N, D), final norm applied
+        tokens = tokens[:, self.dino.num_prefix_tokens:]
+        return self.projector(tokens)
+
+    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor | int, context: torch.Tensor,
+                task: str | list[str] = "normals") -> torch.Tensor:
+        """One UNet pass: (B, C_in, h, w) latent(s) at ``timestep`` -> (B, C, h, w)."""
+        B = sample.shape[0]
+        t = torch.as_tensor(timestep, device=sample.device)
+        t = t.expand(B) if t.ndim == 0 else t
+        emb = task_embedding(task, B, sample.device, sample.dtype)
+        return self.unet(sample, t, encoder_hidden_states=context.to(sample.dtype), class_labels=emb).sample
+
+    # -- inference (single step) ------------------------------------------------------------------
+    def forward(self, rgb: torch.Tensor, task: str = "normals") -> torch.Tensor:
+        """Single-step prediction: (B, 3, H, W) uint8 or [-1, 1] RGB, sides multiples of ``size_multiple``
+        -> (B, 3, H, W) float32: unit normals (OpenCV camera frame) for ``task="normals"``, the
+        reconstructed RGB in [-1, 1] for ``task="rgb"``. Multi-step sampling lives in the pipeline."""
+        if self.config.mode != "single_step":
+            raise RuntimeError("mode='diffusion' models are sampled by TransNormalPipeline, not called directly")
+        x = to_unit_range(rgb)
+        z = self.denoise(self.encode(x), self.config.timestep, self.context(x), task)
+        out = self.decode(z).float()
+        return F.normalize(out, dim=1, eps=1e-6) if task == "normals" else out.clamp(-1, 1)
+
+    # -- training ---------------------------------------------------------------------------------
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """``unet`` and ``projector`` (the DINOv3 projection, or the null token without DINOv3)."""
+        proj = list(self.projector.parameters()) if self.dino is not None else [self.null_context]
+        return {"unet": list(self.unet.parameters()), "projector": proj}
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.unet.enable_gradient_checkpointing()
+
+    @property
+    def noise_scheduler(self):
+        """DDPM schedule of the diffusion baseline (SD2's scaled-linear betas)."""
+        if self._noise_scheduler is None:
+            from diffusers import DDPMScheduler
+
+            self._noise_scheduler = DDPMScheduler(
+                num_train_timesteps=self.config.num_train_timesteps, beta_start=0.00085, beta_end=0.012,
+                beta_schedule="scaled_linear", prediction_type=self.config.prediction_type)
+        return self._noise_scheduler
+
+    def _prepare(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        size = self.config.image_size
+        rgb, normals, valid = batch["rgb"], batch["normals"].float(), batch["valid"].bool()
+        twin = batch.get("rgb_twin")
+        if tuple(rgb.shape[-2:]) != (size, size):
+            rgb = F.interpolate(to_unit_range(rgb), size=(size, size), mode="bilinear", align_corners=False)
+            twin = None if twin is None else F.interpolate(to_unit_range(twin), size=(size, size), mode="bilinear",
+                                                           align_corners=False)
+            normals = F.interpolate(normals, size=(size, size), mode="nearest")
+            valid = F.interpolate(valid[:, None].float(), size=(size, size), mode="nearest")[:, 0] > 0.5
+        normals = normals * valid[:, None]
+        return {"rgb": to_unit_range(rgb), "twin": None if twin is None else to_unit_range(twin),
+                "normals": normals, "valid": valid}
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Losses of the paper on a batch of ``DenseImageDataset`` samples.
+
+        Batch keys: ``rgb`` (B, 3, H, W) uint8, ``normals`` (B, 3, H, W) float (OpenCV camera frame),
+        ``valid`` (B, H, W) bool, optional ``rgb_twin`` (B, 3, H, W) uint8 (material-changed view).
+        """
+        c = self.config
+        d = self._prepare(batch)
+        x, twin, normals, valid = d["rgb"], d["twin"], d["normals"], d["valid"]
+        B = x.shape[0]
+        with torch.no_grad():
+            z_rgb = self.encode(x)
+            z_n = self.encode(normals)
+            z_twin = self.encode(twin) if twin is not None and c.w_cons > 0 else None
+        cell_valid = latent_valid_mask(valid, self.factor)  # (B, h, w)
+        if c.mode == "diffusion":
+            return self._diffusion_step(x, z_rgb, z_n, cell_valid)
+        ctx = self.context(x)
+        samples, ctxs, tasks = [z_rgb], [ctx], ["normals"] * B
+        if c.multitask and c.w_rgb > 0:
+            samples.append(z_rgb)
+            ctxs.append(ctx)
+            tasks += ["rgb"] * B
+        if z_twin is not None:
+            samples.append(z_twin)
+            ctxs.append(self.context(twin))
+            tasks += ["normals"] * B
+        out = self.denoise(torch.cat(samples), c.timestep, torch.cat(ctxs), tasks).float()
+        pred_n, rest = out[:B], out[B:]
+        losses = {"loss_normal": masked_mse(pred_n, z_n, cell_valid)}
+        if c.multitask and c.w_rgb > 0:
+            losses["loss_rgb"] = masked_mse(rest[:B], z_rgb)
+            rest = rest[B:]
+        if z_twin is not None:
+            losses["loss_cons"] = masked_mse(pred_n, rest[:B])
+        if c.w_wav > 0:
+            losses["loss_wav"] = wavelet_loss(self.decode(pred_n), normals, valid)
+        weights = {"loss_normal": c.w_normal, "loss_rgb": c.w_rgb, "loss_cons": c.w_cons, "loss_wav": c.w_wav}
+        total = sum(weights[k] * v for k, v in losses.items())
+        return {"loss": total, **{k: v.detach() for k, v in losses.items()}}
+
+    def _diffusion_step(self, x, z_rgb, z_n, cell_valid) -> dict[str, torch.Tensor]:
+        sched = self.noise_scheduler
+        B = x.shape[0]
+        t = torch.randint(0, sched.config.num_train_timesteps, (B,), device=x.device)
+        noise = torch.randn_like(z_n)
+        z_t = sched.add_noise(z_n, noise, t)
+        target = {"v_prediction": lambda: sched.get_velocity(z_n, noise, t), "epsilon": lambda: noise,
+                  "sample": lambda: z_n}[self.config.prediction_type]()
+        pred = self.denoise(torch.cat([z_rgb, z_t], 1), t, self.context(x), "normals").float()
+        loss = masked_mse(pred, target, cell_valid)
+        return {"loss": loss, "loss_normal": loss.detach()}
+
+
+class VAEAutoencoder(nn.Module):
+    """Stage 1 at tiny scale: the VAE trained as an auto-encoder on RGB images and normal maps.
+
+    Loss: L1 reconstruction of both maps + ``kl_weight`` x KL. ``latent_std`` (a buffer, running average)
+    tracks the std of RGB latents so the main model can scale latents to unit variance (as SD's 0.18215).
+    """
+
+    def __init__(self, vae: nn.Module, kl_weight: float = 1e-6):
+        super().__init__()
+        self.vae = vae
+        self.kl_weight = kl_weight
+        self.register_buffer("latent_std", torch.tensor(1.0))
+        self.register_buffer("seen", torch.tensor(0, dtype=torch.int64))
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        x = to_unit_range(batch["rgb"])
+        n = batch["normals"].float() * batch["valid"][:, None]
+        both = torch.cat([x, n])
+        post = self.vae.encode(both).latent_dist
+        z = post.sample()
+        rec = self.vae.decode(z).sample.float()
+        loss_rec = (rec - both).abs().mean()
+        kl = post.kl().mean() / z[0].numel()
+        with torch.no_grad():
+            std = post.mode()[: x.shape[0]].float().std()
+            m = 0.99 if int(self.seen) > 0 else 0.0
+            self.latent_std.mul_(m).add_((1 - m) * std)
+            self.seen += 1
+        return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
+
+
+def model_from_run_config(config: dict[str, Any]) -> TransNormalModel:
+    """Build the model from a checkpoint's ``config.json``; the checkpoint's weights are loaded after this.
+
+    Weight-source paths that still exist are used for the architecture (a pretrained UNet / VAE folder
+    defines its own sizes); missing ones are dropped (the checkpoint holds every weight anyway).
+    """
+    fields = {f.name for f in dataclasses.fields(TransNormalConfig)}
+    m = {k: v for k, v in dict(config.get("model", {})).items() if k in fields}
+    for key in ("unet_path", "vae_path", "dino_path"):
+        if m.get(key) is not None and not Path(m[key]).exists():
+            m[key] = None
+    return TransNormalModel(TransNormalConfig(**m))

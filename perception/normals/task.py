@@ -1,0 +1,235 @@
+"""``embodied train transnormal`` / ``embodied eval transnormal``: the task functions, separate from the CLI.
+
+train: (render the synthetic set with ``sim.render.normals`` when ``data.root`` is missing) ->
+``DenseImageDataset`` -> [stage 1: the VAE as an auto-encoder on RGB + normal maps, into
+``<out_dir>/vae``, when no ``model.vae_path`` is given and ``model.vae_pretrain_steps`` > 0] ->
+``TransNormalModel`` with the VAE frozen -> the shared Trainer (AdamW, per-group lrs for ``unet`` /
+``projector``, warm-up, clipping, bf16 autocast on CUDA) with random crops and horizontal flips (normal x
+negated) on the device.
+
+evaluate: pooled angular metrics of the checkpoint on the held-out split (embodied-dense ``test`` or a
+ClearGrasp folder with ``data=cleargrasp data.root=...``), next to the baselines named in
+``eval.baselines``: ``constant`` (the mean training normal everywhere) and other run / checkpoint
+directories (the no-DINOv3 and multi-step runs). Writes ``<out_dir>/eval.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.config import TrainerConfig, save_resolved, to_container, to_object
+from core.errors import ConfigError, DataError
+from core.io import write_json
+from core.logging import get_logger
+from perception.normals.configuration_transnormal import TransNormalConfig
+
+log = get_logger("embodied.transnormal")
+
+TRAIN_KEYS = ("rgb", "rgb_twin", "normals")
+EVAL_KEYS = ("rgb", "normals", "mask")
+
+
+def ensure_data(data) -> Path:
+    """The dataset root, rendered with ``sim.render.normals.make_dataset`` first when it is missing."""
+    root = Path(data.root)
+    if (root / "meta.json").is_file() or data.layout == "cleargrasp":
+        if not root.exists():
+            raise DataError(root, "no such folder")
+        return root
+    render = getattr(data, "render", None)
+    if render is None or render.n < 1:
+        raise DataError(root / "meta.json", "no such file (set data.render.n to render the synthetic set)")
+    from sim.render.normals import make_dataset
+
+    log.info("rendering %d views (seed %d, %d px, %d spp) into %s", render.n, render.seed, render.size,
+             render.spp, root)
+    make_dataset(root, n=render.n, seed=render.seed, size=render.size, spp=render.spp,
+                 test_fraction=render.test_fraction)
+    return root
+
+
+def _dataset(data, split: str, keys: tuple[str, ...]):
+    from core.data.images import ClearGraspDataset, DenseImageDataset
+
+    if data.layout == "cleargrasp":
+        keys = tuple(k for k in keys if k in ("rgb", "normals", "mask"))
+        return ClearGraspDataset(data.root, keys=keys)
+    meta_keys = keys if split == data.train_split else tuple(k for k in keys if k != "rgb_twin")
+    return DenseImageDataset(data.root, split, keys=meta_keys)
+
+
+def _transforms(model_cfg: TransNormalConfig, data, sample_hw: tuple[int, int]) -> list:
+    from core.data.device import RandomCrop, RandomHorizontalFlip
+
+    ts = []
+    size = model_cfg.image_size
+    if sample_hw != (size, size) and min(sample_hw) > size:
+        ts.append(RandomCrop(size, keys=("rgb", "rgb_twin", "normals", "valid")))
+    if getattr(data, "flip_p", 0.5) > 0:
+        ts.append(RandomHorizontalFlip(p=getattr(data, "flip_p", 0.5), keys=("rgb", "rgb_twin", "normals", "valid"),
+                                       normal_keys=("normals",)))
+    return ts
+
+
+def pretrain_vae(model, dataset, trainer_cfg: TrainerConfig, model_cfg: TransNormalConfig, out_dir: Path,
+                 transforms: list, run_config: dict[str, Any]) -> float:
+    """Stage 1: train ``model.vae`` as an auto-encoder on RGB + normal maps; returns the latent scale."""
+    from core.trainer import Trainer
+    from perception.normals.modeling_transnormal import VAEAutoencoder
+
+    ae = VAEAutoencoder(model.vae, model_cfg.vae_kl_weight)
+    model.vae.requires_grad_(True)
+    steps = model_cfg.vae_pretrain_steps
+    cfg = dataclasses.replace(
+        trainer_cfg, max_steps=steps, ckpt_every=steps, ema_decay=None, grad_clip=1.0,
+        optim=dataclasses.replace(trainer_cfg.optim, lr=model_cfg.vae_pretrain_lr, param_group_lrs={}),
+        scheduler=dataclasses.replace(trainer_cfg.scheduler, warmup_steps=min(50, steps // 10)))
+    result = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"},
+                     transforms=transforms).fit()
+    model.vae.requires_grad_(False)
+    log.info("VAE stage: %s", result["metrics"])
+    return float(1.0 / ae.latent_std.clamp_min(1e-6))
+
+
+def train(cfg) -> dict[str, Any]:
+    """Train TransNormal under the composed config (configs/experiment/transnormal.yaml)."""
+    from core.bootstrap import prepare_process
+    from core.trainer import Trainer, seed_everything
+    from perception.normals.modeling_transnormal import TransNormalModel
+
+    prepare_process()
+    model_cfg: TransNormalConfig = to_object(cfg.model)
+    data = to_object(cfg.data)
+    trainer_cfg: TrainerConfig = to_object(cfg.trainer)
+    out_dir = Path(cfg.out_dir)
+    ensure_data(data)
+    if data.layout == "cleargrasp":
+        dataset = _dataset(data, data.train_split, ("rgb", "normals"))
+    else:
+        dataset = _dataset(data, data.train_split, TRAIN_KEYS)
+    if len(dataset) == 0:
+        raise DataError(data.root, f"split {data.train_split!r} is empty")
+    hw = tuple(dataset[0]["rgb"].shape[-2:])
+    transforms = _transforms(model_cfg, data, hw)
+    seed_everything(trainer_cfg.seed)
+    run_config = to_container(cfg)
+    stage_vae = model_cfg.vae_path is None and model_cfg.vae_pretrain_steps > 0
+    model = TransNormalModel(model_cfg)
+    if stage_vae:
+        scale = pretrain_vae(model, dataset, trainer_cfg, model_cfg, out_dir / "vae", transforms, run_config)
+        model.latent_scale.fill_(scale)
+        model_cfg = dataclasses.replace(model_cfg, scaling_factor=scale)
+    run_config["model"] = dataclasses.asdict(model_cfg)
+    save_resolved(run_config, out_dir)
+    result = Trainer(model, dataset, trainer_cfg, out_dir, run_config=run_config, transforms=transforms).fit()
+    log.info("trained on %d views; final %s", len(dataset), result["metrics"])
+    return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"]),
+            "latent_scale": float(model.latent_scale)}
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+def load_model(checkpoint: str | Path, device: str = "cpu"):
+    """A ``TransNormalModel`` (eval mode) from a run or checkpoint directory."""
+    from core.checkpoint import load_checkpoint, resolve_checkpoint
+    from perception.normals.modeling_transnormal import model_from_run_config
+
+    ckpt = resolve_checkpoint(checkpoint)
+    model = model_from_run_config(load_checkpoint(ckpt)["config"])
+    load_checkpoint(ckpt, model)
+    return model.eval().to(device)
+
+
+def mean_normal(dataset, limit: int = 256) -> np.ndarray:
+    """The mean ground-truth normal (unit (3,) vector) over up to ``limit`` samples: the constant baseline."""
+    acc = np.zeros(3)
+    for i in range(min(len(dataset), limit)):
+        s = dataset[i]
+        acc += s["normals"][:, s["valid"]].double().sum(1).numpy()
+    n = np.linalg.norm(acc)
+    return acc / n if n > 0 else np.array([0.0, 0.0, -1.0])
+
+
+def evaluate_predictor(predict, dataset, batch_size: int = 8) -> dict[str, dict[str, float]]:
+    """Pooled metrics of ``predict((B, 3, H, W) uint8) -> (B, 3, H, W) normals`` over ``dataset``.
+
+    Returns ``{"all": metrics over every valid pixel, "glass": over valid pixels of the object mask}``.
+    """
+    import torch
+
+    from perception.normals.metrics import NormalMetrics
+
+    everything, glass = NormalMetrics(), NormalMetrics()
+    for start in range(0, len(dataset), batch_size):
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        rgb = torch.stack([s["rgb"] for s in samples])
+        gt = torch.stack([s["normals"] for s in samples])
+        valid = torch.stack([s["valid"] for s in samples])
+        with torch.no_grad():
+            pred = predict(rgb).float().cpu()
+        everything.update(pred, gt, valid)
+        if "mask" in samples[0]:
+            glass.update(pred, gt, valid & (torch.stack([s["mask"] for s in samples]) > 0))
+    return {"all": everything.compute(), "glass": glass.compute()}
+
+
+def _constant_predictor(direction: np.ndarray):
+    import torch
+
+    d = torch.as_tensor(direction, dtype=torch.float32).view(1, 3, 1, 1)
+    return lambda rgb: d.expand(rgb.shape[0], 3, *rgb.shape[-2:])
+
+
+def evaluate(cfg) -> dict[str, Any]:
+    """Metrics of the checkpoint and the baselines on the held-out split; writes ``<out_dir>/eval.json``."""
+    from core.checkpoint import resolve_checkpoint
+    from perception.normals.pipeline_transnormal import TransNormalPipeline
+
+    data = to_object(cfg.data)
+    check_eval_config(cfg)
+    ensure_data(data)
+    test = _dataset(data, data.test_split, EVAL_KEYS)
+    if len(test) == 0:
+        raise DataError(data.root, f"split {data.test_split!r} is empty")
+    ckpt = resolve_checkpoint(cfg.eval.checkpoint or cfg.out_dir)
+    rows: dict[str, Any] = {}
+    for name in ["transnormal", *cfg.eval.baselines]:
+        if name == "constant":
+            train_split = None
+            if data.layout != "cleargrasp" and (Path(data.root) / data.train_split).is_dir():
+                train_split = _dataset(data, data.train_split, ("rgb", "normals"))
+            direction = mean_normal(train_split) if train_split is not None else np.array([0.0, 0.0, -1.0])
+            rows[name] = evaluate_predictor(_constant_predictor(direction), test)
+            rows[name]["direction"] = [round(float(v), 4) for v in direction]
+            continue
+        path = ckpt if name == "transnormal" else resolve_checkpoint(name)
+        pipe = TransNormalPipeline.from_checkpoint(path)
+        key = name if name == "transnormal" else _run_name(path)
+        rows[key] = evaluate_predictor(lambda rgb, p=pipe: p(rgb).normals, test)
+        rows[key]["mode"] = pipe.model.config.mode
+        rows[key]["steps"] = pipe.default_steps
+        rows[key]["use_dino"] = pipe.model.config.use_dino
+        rows[key]["checkpoint"] = str(path)
+        log.info("%s: mean %.2f deg, median %.2f deg", key, rows[key]["all"]["mean"], rows[key]["all"]["median"])
+    result = {"dataset": str(data.root), "layout": data.layout, "split": data.test_split, "views": len(test),
+              "checkpoint": str(ckpt), "models": rows}
+    write_json(Path(cfg.out_dir) / "eval.json", result)
+    return result
+
+
+def _run_name(ckpt: Path) -> str:
+    """``outputs/transnormal_nodino/checkpoints/step_N`` -> ``transnormal_nodino``."""
+    parts = ckpt.resolve().parts
+    if "checkpoints" in parts:
+        return parts[parts.index("checkpoints") - 1]
+    return ckpt.name
+
+
+def check_eval_config(cfg) -> None:
+    """Raise ``ConfigError`` for baselines that are neither ``constant`` nor an existing path."""
+    for b in cfg.eval.baselines:
+        if b != "constant" and not Path(b).exists():
+            raise ConfigError(f"eval.baselines: {b!r} is neither 'constant' nor an existing checkpoint / run folder")
