@@ -146,6 +146,7 @@ FOUNDATION: list[tuple[str, str]] = [
 DEMOS.register("driving", "driving.demo:demo_section")
 DEMOS.register("sola", "perception.spherical.demo:demo_section")
 DEMOS.register("transnormal", "perception.normals.demo:demo_section")
+DEMOS.register("lacwm", "worldmodels.lacwm.demo:demo_section")
 DEMOS.register("bc", "worldmodels.bc.demo:demo_section")
 
 

@@ -19,8 +19,8 @@ PLANNED: dict[str, tuple[str, str]] = {
     "flexforcing": ("perception/video", "video diffusion with flexible (bi-directional / autoregressive) forcing"),
     "fera": ("perception/adapters", "frequency-energy adapters for diffusion fine-tuning"),
     "tagrpo": ("perception/i2v_rl", "GRPO for image-to-video generation"),
-    "lacwm": ("worldmodels", "latent-action-conditioned cross-embodiment world model"),
-    "eacwm": ("worldmodels", "explicit-action-conditioned world model (LAC-WM's baseline)"),
+    "lacwm": ("worldmodels/lacwm", "latent-action-conditioned cross-embodiment world model"),
+    "eacwm": ("worldmodels/lacwm", "explicit-action-conditioned world model (LAC-WM's baseline)"),
     "automot": ("driving", "driving VLA with an action refiner, evaluated in closed loop"),
 }
 
@@ -44,6 +44,12 @@ POLICIES.register("bc", "worldmodels.bc.task:load_policy")
 METHODS.register("transnormal", "perception.normals.task", folder="perception/normals",
                  description=PLANNED["transnormal"][1])
 INFER.register("normals", "perception.normals.cli:infer")
+METHODS.register("lacwm", "worldmodels.lacwm.task_lacwm", folder="worldmodels/lacwm",
+                 description=PLANNED["lacwm"][1])
+METHODS.register("eacwm", "worldmodels.lacwm.task_eacwm", folder="worldmodels/lacwm",
+                 description=PLANNED["eacwm"][1])
+POLICIES.register("lacwm", "worldmodels.lacwm.task_lacwm:load_policy")
+POLICIES.register("eacwm", "worldmodels.lacwm.task_eacwm:load_policy")
 METHODS.register("sola", "perception.spherical.task", folder="perception/spherical",
                  description=PLANNED["sola"][1])
 INFER.register("depth360", "perception.spherical.cli:infer")

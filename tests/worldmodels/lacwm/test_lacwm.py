@@ -1,0 +1,250 @@
+"""LAC-WM / EAC-WM: model checks, cross-augmentation, probe, adaptation scope, rollouts beat shuffled actions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from core.config import compose, to_object
+from core.testing import ModelChecks
+from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, stage_plan
+from worldmodels.lacwm.configuration_lacwm import EACWMConfig, LACWMConfig
+from worldmodels.lacwm.experiments import linear_probe, psnr, rollout_error, ssim
+from worldmodels.lacwm.modeling_lacwm import EACWorldModel, LACWorldModel, build_model, random_view
+
+TINY = dict(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2, latent_dim=8,
+            latent_tokens=2, action_hidden=32, aug_shift=2)
+
+
+def _batch(b: int = 3, k: int = 1, a: int = 5, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"frames": torch.randint(0, 256, (b, k + 1, 3, 16, 16), generator=g, dtype=torch.uint8),
+            "motion": torch.randn(b, k, 6, generator=g), "actions": torch.randn(b, k, a, generator=g),
+            "embodiment_id": torch.zeros(b, dtype=torch.int64), "pair_valid": torch.ones(b, k, dtype=torch.bool)}
+
+
+class TestLACWM(ModelChecks):
+    def make_model(self):
+        return LACWorldModel(LACWMConfig(**TINY, context=2, temporal_attention=True, projectors={"Arm": 5}))
+
+    def make_batch(self):
+        return _batch(k=2)
+
+    def run(self, model, batch):
+        return model.reconstruct(batch["frames"]), model(batch["frames"], batch["actions"], "Arm")
+
+
+class TestEACWM(ModelChecks):
+    def make_model(self):
+        return EACWorldModel(EACWMConfig(**TINY, action_dims={"Arm": 5}))
+
+    def make_batch(self):
+        return _batch(k=3)
+
+    def run(self, model, batch):
+        return model(batch["frames"], batch["actions"], "Arm")
+
+
+def test_experiment_configs_compose_with_tiny_models():
+    for m in ("lacwm", "eacwm"):
+        cfg = compose([f"experiment={m}", "debug=tiny", f"model={m}_tiny"])
+        model_cfg = to_object(cfg.model)
+        assert cfg.method == m and model_cfg.conditioning == ("latent" if m == "lacwm" else "explicit")
+        assert to_object(cfg.data).held_out == "PandaInspireHand"
+
+
+def test_cross_augmentation_latent_never_sees_the_target_view():
+    """The FDM target is view A2; the latent comes from view A1 only, so z cannot copy the A2 future frame."""
+    torch.manual_seed(0)
+    model = LACWorldModel(LACWMConfig(**TINY)).train()
+    batch = _batch()
+    a1, a2 = model.views(batch)
+    assert not torch.equal(a1, a2)  # two different augmentations of the same window
+    z = model.encode_pairs(a1)
+    a2_other = a2.clone()
+    a2_other[:, 1] = -a2_other[:, 1]  # a different A2 future frame
+    assert torch.equal(model.encode_pairs(a1), z)
+    # the loss sees the A2 target (it changes), z does not: gradients reach the IDM only through z
+    l_a = model.losses(batch, views=(a1, a2))["recon"]
+    l_b = model.losses(batch, views=(a1, a2_other))["recon"]
+    assert not torch.isclose(l_a, l_b)
+    a1_other = a1.clone()
+    a1_other[:, 1] = -a1_other[:, 1]
+    assert not torch.equal(model.encode_pairs(a1_other), z)  # ... and z does depend on its own view
+    model.eval()
+    e1, e2 = model.views(batch)
+    assert torch.equal(e1, e2)  # no augmentation at evaluation
+
+
+def test_random_view_is_one_augmentation_per_window():
+    x = torch.rand(2, 3, 3, 16, 16) * 2 - 1
+    x[:, 1] = x[:, 0]
+    v = random_view(x, shift=3, color=0.2, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(v[:, 0], v[:, 1])  # identical frames stay identical: same shift / colour per window
+    assert not torch.equal(v, x)
+
+
+class _FakeProbeModel:
+    """z = M @ motion + small noise: a latent that linearly encodes motion."""
+
+    def __init__(self):
+        self.m = torch.randn(8, 6, generator=torch.Generator().manual_seed(3))
+
+    def eval(self):
+        return self
+
+    def latent_actions(self, frames):
+        motion = frames[:, 0, 0, 0, :6].float() / 255.0  # (B, 6): the label hidden in the pixels
+        return (motion @ self.m.T + 0.01 * torch.randn(len(motion), 8))[:, None]  # (B, K=1, 8)
+
+
+def test_probe_is_high_on_real_labels_and_near_zero_on_shuffled():
+    torch.manual_seed(0)
+
+    def ds(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(n):
+            f = torch.randint(0, 256, (2, 3, 16, 16), generator=g, dtype=torch.uint8)
+            out.append({"frames": f, "motion": f[0, 0, 0, :6].float()[None] / 255.0})  # (K=1, 6)
+        return out
+
+    r = linear_probe(_FakeProbeModel(), ds(300, 0), ds(200, 1))
+    assert r["r2"] > 0.95
+    assert abs(r["r2_shuffled"]) < 0.1
+
+
+def test_metrics_order_and_identity():
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    noisy = (x + 0.1 * torch.randn_like(x)).clamp(-1, 1)
+    assert torch.all(psnr(noisy, x) < psnr(x + 0.01, x)) and torch.allclose(ssim(x, x), torch.ones(2))
+    assert torch.all(ssim(noisy, x) < 1)
+
+
+@pytest.mark.parametrize("conditioning", ["latent", "explicit"])
+def test_adaptation_trains_only_what_each_stage_should(conditioning):
+    cfg = LACWMConfig(**TINY, conditioning=conditioning, action_dims={"Arm": 5} if conditioning == "explicit" else {})
+    pre = build_model(cfg)
+    model = adapt_model(pre, "Hand", 7)
+    # the adapted model computes exactly what the pretrained one did (LoRA B = 0) on the shared path
+    x = torch.randint(0, 256, (2, 1, 3, 16, 16), dtype=torch.uint8)
+    z = torch.randn(2, 1, 8)
+    torch.testing.assert_close(model.predict(x, z), pre.predict(x, z))
+    batch = _batch(a=7)
+    for stage, _ in stage_plan(model):
+        wrapper = AdaptationStage(model, stage, "Hand")
+        trainable = {id(p) for p in wrapper.trainable_parameters()}
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert {id(p) for p in model.parameters() if p.requires_grad} == trainable
+        model.zero_grad(set_to_none=True)
+        wrapper.training_step(batch)["loss"].backward()
+        for n, p in model.named_parameters():
+            if id(p) not in trainable:
+                assert p.grad is None, f"{stage}: frozen {n} got a gradient"
+        if stage == "lac_lora":
+            assert names and all("lora_" in n for n in names) and any(n.startswith("idm.") for n in names)
+        elif stage == "lac_projector":
+            assert names and all(n.startswith("projectors.Hand") for n in names)
+        elif stage == "lac_joint":
+            assert any(n.startswith("projectors.") for n in names) and not any(
+                n.startswith("fdm.") and "lora_" not in n for n in names)
+        else:  # eac_adapt: new encoder + FDM LoRA, never the pretrained encoders or base weights
+            assert any(n.startswith("encoders.Hand") for n in names)
+            assert not any(n.startswith("encoders.Arm") for n in names)
+            assert all(n.startswith("encoders.Hand") or "lora_" in n for n in names)
+
+
+def test_adapted_checkpoint_round_trips(tmp_path):
+    from core.checkpoint import save_checkpoint
+    from worldmodels.lacwm.experiments import load_model
+
+    model = adapt_model(build_model(LACWMConfig(**TINY)), "Hand", 7)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.05) if p.ndim > 1 else None
+    save_checkpoint(tmp_path / "ck", model, {"model": dataclasses.asdict(model.config)})
+    loaded, _ = load_model(tmp_path / "ck")
+    b = _batch(a=7)
+    assert torch.equal(loaded(b["frames"], b["actions"], "Hand"), model.eval()(b["frames"], b["actions"], "Hand"))
+
+
+def _moving_square(n: int, k: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """16 px frames of a bright square moved by the 2-d action (px per step) each transition."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        pos = rng.integers(3, 10, 2).astype(float)
+        acts = rng.choice([-2.0, 0.0, 2.0], size=(k, 2))
+        frames = []
+        for t in range(k + 1):
+            img = np.zeros((3, 16, 16), np.uint8)
+            y, x = np.clip(pos, 0, 12).astype(int)
+            img[:, y: y + 4, x: x + 4] = 255
+            frames.append(img)
+            if t < k:
+                pos = pos + acts[t]
+        out.append({"frames": torch.from_numpy(np.stack(frames)), "actions": torch.from_numpy(acts).float(),
+                    "motion": torch.zeros(k, 6), "embodiment_id": torch.tensor(0)})
+    return out
+
+
+def test_imagined_rollouts_with_true_actions_beat_shuffled_actions_and_copy_last():
+    torch.manual_seed(0)
+    model = EACWorldModel(EACWMConfig(**{**TINY, "aug_shift": 0, "aug_color": 0.0, "width": 48},
+                                      action_dims={"Sq": 2}))
+    train = _moving_square(256, 1, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(150):
+        idx = np.random.default_rng(step).choice(len(train), 32)
+        batch = {k: torch.stack([train[i][k] for i in idx]) for k in train[0]}
+        loss = model.training_step(batch)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    test = _moving_square(32, 3, seed=1)
+    r = rollout_error(model, test, "Sq", horizon=3)
+    assert np.mean(r["model"]["psnr"]) > np.mean(r["shuffled"]["psnr"]) + 1.0
+    assert np.mean(r["model"]["psnr"]) > np.mean(r["copy_last"]["psnr"]) + 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_train_evaluate_and_plan_end_to_end(tmp_path):
+    """Record tiny data, pretrain + adapt both methods, evaluate, and drive the planner in the simulator."""
+    from worldmodels.lacwm import task_eacwm, task_lacwm
+
+    common = ["debug=tiny", "data.num_pretrain_embodiments=1", "data.episodes=2", "data.adapt_episodes=2",
+              "data.test_episodes=1", "data.max_steps=12", "data.image_size=32", f"data.root={tmp_path / 'data'}",
+              "data.plan_episodes=1", "data.plan_max_steps=4", "trainer.max_steps=3", "model.frame_skip=1"]
+    for name, task in (("lacwm", task_lacwm), ("eacwm", task_eacwm)):
+        cfg = compose([f"experiment={name}", f"model={name}_tiny", f"out_dir={tmp_path / name}", *common])
+        out = task.train(cfg)
+        assert (tmp_path / name / "adapted" / "model.safetensors").exists() and out["parameters"] > 0
+        ev = task.evaluate(cfg)
+        assert set(ev["rollout"]) >= {"model", "shuffled", "copy_last"} and len(ev["rollout"]["model"]["psnr"]) == 8
+        assert ("probe" in ev) == (name == "lacwm")
+        assert set(ev["planning"]) >= {"model", "random"}
+
+
+def test_pretrained_frame_encoder_plugs_in_by_path(tmp_path):
+    """A timm ViT saved to a local safetensors file becomes the IDM's frozen frame encoder."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    kwargs = {"img_size": 16, "patch_size": 4, "embed_dim": 24, "depth": 1, "num_heads": 2}
+    net = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **kwargs)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "enc.safetensors")
+    cfg = LACWMConfig(**TINY, encoder="timm:vit_tiny_patch16_224", encoder_path=str(tmp_path / "enc.safetensors"),
+                      encoder_kwargs=kwargs)
+    model = LACWorldModel(cfg)
+    enc = model.idm.embed.encoder.net
+    torch.testing.assert_close(enc.patch_embed.proj.weight, net.patch_embed.proj.weight)
+    assert not any(p.requires_grad for p in enc.parameters())
+    out = model.training_step(_batch())
+    out["loss"].backward()
+    assert model.idm.embed.proj.weight.grad is not None and enc.patch_embed.proj.weight.grad is None
+    with pytest.raises(Exception, match="enc_missing"):
+        LACWorldModel(dataclasses.replace(cfg, encoder_path=str(tmp_path / "enc_missing.safetensors")))

@@ -1,0 +1,406 @@
+"""What ``embodied train|eval lacwm|eacwm`` run: data, pretraining, adaptation, evaluation, the scaling sweep.
+
+Run layout (``out_dir``)::
+
+    pretrain/            core Trainer run of the pretrained model (checkpoints/, metrics.jsonl)
+    adapt/<stage>/       one Trainer run per adaptation stage on the held-out embodiment
+    adapted/             the adapted model (model.safetensors + config.json): projector / encoder + FDM
+    scratch/, scratch_model/   the scratch arm (same inference architecture, random init)
+    eval.json            rollout error, probe, planning, written by ``evaluate``
+
+Scaling sweep (``python -m worldmodels.lacwm.experiments scaling [overrides]``): for each number of
+pretraining embodiments, LAC-WM and EAC-WM are pretrained and adapted; scratch once; the held-out
+rollout error table goes to ``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
+(``reeval.json``, with planning on the largest count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.config import TrainerConfig, to_container, to_object
+from core.errors import DataError
+from core.io import write_json
+from core.logging import get_logger
+from worldmodels.lacwm.configuration_lacwm import LACWMConfig, WorldModelDataConfig
+
+log = get_logger("embodied.lacwm")
+
+LIBERO_PREFIX = "embodied/Libero-"
+
+
+# ------------------------------------------------------------------------------------------------ data
+def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, list[Path]]:
+    """``{"pretrain", "adapt", "test"}`` -> HDF5 files, recording the missing ones (cached under ``data.root``)."""
+    from worldmodels.lacwm.data import RecordSpec, record_suite, suite_specs
+
+    root = Path(data.root)
+    embs = data.pretrain_embodiments[: data.num_pretrain_embodiments]
+    plan = {
+        "pretrain": suite_specs(embs, data.tasks, data.episodes, data.seed, data.max_steps, data.image_size)
+        + [RecordSpec(t, data.libero_episodes, data.seed, data.max_steps, data.image_size, explore_every=0)
+           for t in data.libero_tasks],
+        "adapt": suite_specs([data.held_out], data.tasks, data.adapt_episodes, data.seed, data.max_steps,
+                             data.image_size),
+        "test": suite_specs([data.held_out], data.tasks, data.test_episodes, data.test_seed, data.max_steps,
+                            data.image_size, explore_every=2),
+    }
+    out: dict[str, list[Path]] = {}
+    for split, specs in plan.items():
+        from sim.recorder import sanitize_env_id
+
+        paths = [root / split / f"{sanitize_env_id(s.env_id)}.hdf5" for s in specs]
+        missing = [s for s, p in zip(specs, paths, strict=True) if not p.exists()]
+        if missing and not record:
+            raise DataError(paths[specs.index(missing[0])], "no such file (run `embodied train` to record it)")
+        if missing:
+            record_suite(missing, root / split)
+        out[split] = paths
+    return out
+
+
+def transitions(paths: list[Path], model_cfg: LACWMConfig, context: int | None = None, **kw):
+    """A ``TransitionDataset`` with the model's skip and (by default) context."""
+    from worldmodels.lacwm.data import TransitionDataset
+
+    return TransitionDataset(paths, context=context or model_cfg.context, skip=model_cfg.frame_skip, **kw)
+
+
+def motion_stats(ds) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dim mean / std of the per-transition motion label over (up to 2,000 samples of) ``ds``."""
+    idx = np.linspace(0, len(ds) - 1, min(len(ds), 2000)).astype(int)
+    m = np.concatenate([ds[int(i)]["motion"].numpy() for i in idx])
+    return m.mean(0), m.std(0)
+
+
+# ------------------------------------------------------------------------------------------- training
+def _trainer_cfg(cfg: TrainerConfig, **over) -> TrainerConfig:
+    return dataclasses.replace(cfg, **over)
+
+
+def pretrain(model_cfg: LACWMConfig, files: dict[str, list[Path]], trainer_cfg: TrainerConfig, out_dir: Path,
+             run_config: dict[str, Any]):
+    """Pretrain LAC-WM / EAC-WM on the pretraining files; returns the trained model."""
+    from core.trainer import Trainer, seed_everything
+    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, build_model
+
+    probe = transitions(files["pretrain"], model_cfg)
+    dims = {e: probe.action_dims[e] for e in probe.embodiments}
+    pad = max(dims.values())
+    ds = transitions(files["pretrain"], model_cfg, action_pad_to=pad, embodiment_names=list(dims))
+    model_cfg = dataclasses.replace(model_cfg, action_dims=dims if model_cfg.conditioning == "explicit" else {})
+    seed_everything(trainer_cfg.seed)
+    model = build_model(model_cfg)
+    if isinstance(model, LACWorldModel):
+        model.set_motion_stats(*motion_stats(ds))
+    rc = {**run_config, "model": dataclasses.asdict(model_cfg)}
+    log.info("pretraining %s on %d transitions of %s", model_cfg.conditioning, len(ds), list(dims))
+    Trainer(model, ds, trainer_cfg, out_dir, run_config=rc).fit()
+    return model.cpu()
+
+
+def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: TrainerConfig, out_dir: Path,
+          run_config: dict[str, Any], scratch: bool = False):
+    """Adapt ``pretrained`` (or train the scratch arm) on the held-out embodiment's few demonstrations."""
+    from core.checkpoint import save_checkpoint
+    from core.trainer import Trainer, seed_everything
+    from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, adapted_config, stage_plan
+    from worldmodels.lacwm.data import embodiment_name
+    from worldmodels.lacwm.modeling_lacwm import build_model
+
+    held_out = embodiment_name(held_out)
+    base_cfg = pretrained.config
+    ds = transitions(files["adapt"], base_cfg)
+    a_dim = ds.action_dims[held_out]
+    seed_everything(trainer_cfg.seed)
+    model = build_model(adapted_config(base_cfg, held_out, a_dim, scratch=True)) if scratch \
+        else adapt_model(pretrained, held_out, a_dim)
+    a = base_cfg.adapt
+    for stage, steps in stage_plan(model, scratch=scratch):
+        wrapper = AdaptationStage(model, stage, held_out, a.align_weight)
+        tc = _trainer_cfg(trainer_cfg, max_steps=steps, batch_size=min(a.batch_size, len(ds)),
+                          ckpt_every=steps, optim=dataclasses.replace(trainer_cfg.optim, lr=a.lr))
+        Trainer(wrapper, ds, tc, out_dir / ("scratch" if scratch else "adapt") / stage, run_config=run_config).fit()
+    model = model.cpu().eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    name = "scratch_model" if scratch else "adapted"
+    save_checkpoint(out_dir / name, model, {**run_config, "model": dataclasses.asdict(model.config),
+                                            "held_out": held_out, "stage": name})
+    return model
+
+
+# ------------------------------------------------------------------------------------------- metrics
+def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """PSNR in dB per leading index for images in [-1, 1]: (..., 3, H, W) -> (...)."""
+    mse = ((pred - target) ** 2).flatten(-3).mean(-1).clamp_min(1e-10)
+    return 10 * torch.log10(4.0 / mse)
+
+
+def ssim(pred: torch.Tensor, target: torch.Tensor, window: int = 7) -> torch.Tensor:
+    """Mean SSIM (uniform ``window`` x ``window`` windows, images mapped to [0, 1]): (..., 3, H, W) -> (...)."""
+    import torch.nn.functional as F
+
+    lead = pred.shape[:-3]
+    x = ((pred.reshape(-1, *pred.shape[-3:]) + 1) / 2).clamp(0, 1)
+    y = ((target.reshape(-1, *target.shape[-3:]) + 1) / 2).clamp(0, 1)
+    c1, c2 = 0.01**2, 0.03**2
+    mu_x, mu_y = F.avg_pool2d(x, window, 1), F.avg_pool2d(y, window, 1)
+    sxx = F.avg_pool2d(x * x, window, 1) - mu_x**2
+    syy = F.avg_pool2d(y * y, window, 1) - mu_y**2
+    sxy = F.avg_pool2d(x * y, window, 1) - mu_x * mu_y
+    s = ((2 * mu_x * mu_y + c1) * (2 * sxy + c2)) / ((mu_x**2 + mu_y**2 + c1) * (sxx + syy + c2))
+    return s.flatten(1).mean(1).reshape(lead)
+
+
+def feature_distance(pred: torch.Tensor, target: torch.Tensor, judge) -> torch.Tensor:
+    """Learned feature distance: 1 - cosine similarity of ``judge`` IDM frame tokens, (..., 3, H, W) -> (...)."""
+    lead = pred.shape[:-3]
+    p = judge.codec.patchify(pred.reshape(-1, *pred.shape[-3:]))
+    t = judge.codec.patchify(target.reshape(-1, *target.shape[-3:]))
+    fp, ft = judge.idm.embed(p), judge.idm.embed(t)
+    for blk in judge.idm.blocks:
+        fp, ft = blk(fp), blk(ft)
+    return (1 - torch.nn.functional.cosine_similarity(fp, ft, dim=-1).mean(-1)).reshape(lead)
+
+
+@torch.no_grad()
+def rollout_error(model, ds, embodiment: str, horizon: int = 8, max_samples: int = 64, seed: int = 0,
+                  judge=None) -> dict[str, Any]:
+    """Imagined-rollout error vs horizon on windows of ``horizon`` transitions.
+
+    Arms: ``model`` (true actions through its projector / encoder), ``shuffled`` (actions of another window),
+    ``copy_last`` (the first frame repeated). Returns per-arm lists of mean PSNR / SSIM (/ feature
+    distance with a ``judge`` LAC-WM) at horizons 1..``horizon``; PSNR is that of the mean squared error over
+    windows (a mean of per-window PSNRs is dominated by the few near-perfect windows).
+    """
+    g = np.random.default_rng(seed)
+    idx = g.choice(len(ds), size=min(max_samples, len(ds)), replace=False)
+    batch = {k: torch.stack([ds[int(i)][k] for i in idx]) for k in ("frames", "actions")}
+    model = model.eval()
+    target = model.codec.to_float(batch["frames"])[:, 1:]
+    perm = torch.from_numpy(np.roll(np.arange(len(idx)), 1))
+    enc = model.action_encoder(embodiment)
+    arms = {
+        "model": model.imagine(batch["frames"][:, 0], enc(batch["actions"].float())),
+        "shuffled": model.imagine(batch["frames"][:, 0], enc(batch["actions"][perm].float())),
+        "copy_last": model.codec.to_float(batch["frames"][:, :1]).expand_as(target),
+    }
+    out: dict[str, Any] = {"samples": len(idx), "horizon": horizon}
+    for name, pred in arms.items():
+        mse = ((pred - target) ** 2).flatten(2).mean(-1).mean(0)  # (T,): mean over windows, then PSNR
+        row = {"psnr": (10 * torch.log10(4.0 / mse.clamp_min(1e-10))).tolist(),
+               "ssim": ssim(pred, target).mean(0).tolist()}
+        if judge is not None:
+            row["feature_distance"] = feature_distance(pred, target, judge).mean(0).tolist()
+        out[name] = row
+    return out
+
+
+@torch.no_grad()
+def linear_probe(model, train_ds, test_ds, seed: int = 0, ridge: float = 1e-2, shuffles: int = 10) -> dict[str, float]:
+    """R^2 of a ridge-regression probe from frozen IDM latents to the true end-effector motion.
+
+    Trained on ``train_ds``, scored on ``test_ds`` (both of the held-out embodiment); ``shuffled`` trains on
+    permuted labels (mean over ``shuffles`` permutations; should be ~0 or below).
+    """
+
+    def collect(ds):
+        zs, ms = [], []
+        for i in range(0, len(ds), 64):
+            items = [ds[j] for j in range(i, min(len(ds), i + 64))]
+            zs.append(model.latent_actions(torch.stack([s["frames"] for s in items])).flatten(0, 1))
+            ms.append(torch.stack([s["motion"] for s in items]).flatten(0, 1))
+        return torch.cat(zs).double().numpy(), torch.cat(ms).double().numpy()
+
+    model = model.eval()
+    z_tr, m_tr = collect(train_ds)
+    z_te, m_te = collect(test_ds)
+    mu, sd = m_tr.mean(0), m_tr.std(0) + 1e-9
+    m_tr, m_te = (m_tr - mu) / sd, (m_te - mu) / sd
+
+    def fit_score(labels):
+        x = np.c_[z_tr, np.ones(len(z_tr))]
+        w = np.linalg.solve(x.T @ x + ridge * np.eye(x.shape[1]), x.T @ labels)
+        pred = np.c_[z_te, np.ones(len(z_te))] @ w
+        return float(1 - ((pred - m_te) ** 2).sum() / ((m_te - m_te.mean(0)) ** 2).sum())
+
+    rng = np.random.default_rng(seed)
+    shuffled = [fit_score(m_tr[rng.permutation(len(m_tr))]) for _ in range(shuffles)]
+    return {"r2": fit_score(m_tr), "r2_shuffled": float(np.mean(shuffled)),
+            "train": len(z_tr), "test": len(z_te)}
+
+
+# ------------------------------------------------------------------------------------------ tasks
+def configs(cfg) -> tuple[LACWMConfig, WorldModelDataConfig, TrainerConfig]:
+    """Validated model / data / trainer configs of a composed run config."""
+    return to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
+
+
+def train(cfg) -> dict[str, Any]:
+    """Record data if missing, pretrain, adapt to the held-out embodiment (and the scratch arm)."""
+    from core.bootstrap import prepare_process
+    from core.config import save_resolved
+
+    prepare_process()  # the learning stack before the recorder's EGL context (ENV.md: triton after EGL segfaults)
+    model_cfg, data_cfg, trainer_cfg = configs(cfg)
+    out = Path(cfg.out_dir)
+    files = data_files(data_cfg)
+    run_config = to_container(cfg)
+    save_resolved(run_config, out)
+    model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config)
+    adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config)
+    return {"pretrained": str(out / "pretrain"), "adapted": str(out / "adapted"),
+            "parameters": sum(p.numel() for p in adapted.parameters())}
+
+
+def load_model(path: str | Path):
+    """A LAC-WM / EAC-WM from a checkpoint (the adapted model directory, or a run's pretrain directory)."""
+    from core.checkpoint import load_checkpoint, resolve_checkpoint
+    from worldmodels.lacwm.modeling_lacwm import build_model
+
+    ckpt = resolve_checkpoint(path)
+    config = load_checkpoint(ckpt)["config"]
+    model_cfg = LACWMConfig(**{k: v for k, v in config["model"].items() if k != "adapt"})
+    model_cfg.adapt = dataclasses.replace(model_cfg.adapt, **config["model"].get("adapt", {}))
+    model = build_model(model_cfg)
+    load_checkpoint(ckpt, model)
+    return model.eval(), config
+
+
+def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any]:
+    """Rollout error (+ shuffled / copy-last ablations) of the adapted model on the held-out test episodes,
+    (LAC-WM) the linear probe of the pretrained IDM latents, and planning success vs random selection."""
+    from core.bootstrap import prepare_process
+    from worldmodels.lacwm.modeling_lacwm import LACWorldModel
+
+    prepare_process()
+    model_cfg, data_cfg, _ = configs(cfg)
+    out = Path(cfg.out_dir)
+    files = data_files(data_cfg, record=True)
+    path = cfg.eval.checkpoint or out / ("scratch_model" if scratch else "adapted")
+    model, _ = load_model(path)
+    test = transitions(files["test"], model.config, context=8)
+    judge = None
+    pre_path = out / "pretrain"
+    result: dict[str, Any] = {"checkpoint": str(path), "held_out": data_cfg.held_out}
+    if isinstance(model, LACWorldModel):
+        judge = model
+        pre, _ = load_model(pre_path)
+        result["probe"] = linear_probe(pre, transitions(files["adapt"], model.config, context=1),
+                                       transitions(files["test"], model.config, context=1))
+    from worldmodels.lacwm.data import embodiment_name
+
+    result["rollout"] = rollout_error(model, test, embodiment_name(data_cfg.held_out), judge=judge)
+    if planning and data_cfg.plan_episodes > 0:
+        from sim.manipulation.registration import env_id
+        from worldmodels.lacwm.planning import planning_eval
+
+        result["planning"] = planning_eval(path, env_id("Reach", data_cfg.held_out), episodes=data_cfg.plan_episodes,
+                                           image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps)
+    write_json(out / ("eval_scratch.json" if scratch else "eval.json"), result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ scaling
+def scaling(overrides: list[str], counts: list[int], out_root: str) -> dict[str, Any]:
+    """The scaling experiment: LAC-WM vs EAC-WM vs scratch on the held-out embodiment for each count."""
+    from core.config import compose
+
+    table: dict[str, Any] = {"counts": counts, "rows": []}
+    root = Path(out_root)
+    for method in ("lacwm", "eacwm"):
+        for n in counts:
+            cfg = compose([f"experiment={method}", *overrides, f"data.num_pretrain_embodiments={n}",
+                           f"out_dir={root / f'{method}_n{n}'}"])
+            train(cfg)
+            ev = evaluate(cfg, planning=False)
+            table["rows"].append(_row(method, n, ev))
+            write_json(root / "scaling.json", table)
+    cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
+    model_cfg, data_cfg, trainer_cfg = configs(cfg)
+    files = data_files(data_cfg)
+    from worldmodels.lacwm.modeling_lacwm import build_model
+
+    rc = to_container(cfg)
+    adapt(build_model(dataclasses.replace(model_cfg, action_dims={})), files, data_cfg.held_out, trainer_cfg,
+          Path(cfg.out_dir), rc, scratch=True)
+    table["rows"].append(_row("scratch", 0, evaluate(cfg, scratch=True, planning=False)))
+    write_json(root / "scaling.json", table)
+    return table
+
+
+def _row(method: str, n: int, ev: dict[str, Any]) -> dict[str, Any]:
+    r = ev["rollout"]
+    row = {"method": method, "pretrain_embodiments": n,
+           "psnr@1": r["model"]["psnr"][0], "psnr@8": r["model"]["psnr"][-1],
+           "psnr_mean": float(np.mean(r["model"]["psnr"])), "ssim_mean": float(np.mean(r["model"]["ssim"])),
+           "shuffled_psnr_mean": float(np.mean(r["shuffled"]["psnr"])),
+           "copy_last_psnr_mean": float(np.mean(r["copy_last"]["psnr"]))}
+    if "feature_distance" in r["model"]:
+        row["feat_dist_mean"] = float(np.mean(r["model"]["feature_distance"]))
+        row["shuffled_feat_dist_mean"] = float(np.mean(r["shuffled"]["feature_distance"]))
+        row["copy_last_feat_dist_mean"] = float(np.mean(r["copy_last"]["feature_distance"]))
+    if "probe" in ev:
+        row["probe_r2"] = ev["probe"]["r2"]
+        row["probe_r2_shuffled"] = ev["probe"]["r2_shuffled"]
+    if "planning" in ev:
+        row["plan_success"] = ev["planning"]["model"]["success_rate"]
+        row["random_select_success"] = ev["planning"]["random"]["success_rate"]
+    return row
+
+
+def reevaluate(overrides: list[str], counts: list[int], out_root: str, plan: bool = False) -> dict[str, Any]:
+    """Evaluate every finished run of a sweep again (current metrics; planning on the largest count when
+    ``plan``); writes ``<out_root>/reeval.json`` with the table rows and the full evaluations."""
+    from core.config import compose
+
+    root = Path(out_root)
+    rows, full = [], {}
+    for method in ("lacwm", "eacwm"):
+        for n in counts:
+            run = root / f"{method}_n{n}"
+            if (run / "adapted").exists():
+                cfg = compose([f"experiment={method}", *overrides, f"data.num_pretrain_embodiments={n}",
+                               f"out_dir={run}"])
+                full[run.name] = ev = evaluate(cfg, planning=plan and n == max(counts))
+                rows.append(_row(method, n, ev))
+    if (root / "scratch" / "scratch_model").exists():
+        cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
+        full["scratch"] = ev = evaluate(cfg, scratch=True, planning=False)
+        rows.append(_row("scratch", 0, ev))
+    table = {"rows": rows, "full": full}
+    write_json(root / "reeval.json", table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [overrides]``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["scaling", "reeval"])
+    parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--out", default="outputs/lacwm/scaling")
+    parser.add_argument("--plan", action="store_true", help="reeval: also run planning for the largest count")
+    parser.add_argument("overrides", nargs="*")
+    args, extra = parser.parse_known_args(argv)
+    overrides = [*args.overrides, *extra]
+    if args.what == "reeval":
+        table = reevaluate(overrides, args.counts, args.out, plan=args.plan)
+    else:
+        table = scaling(overrides, args.counts, args.out)
+    print(json.dumps(table["rows"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    from core.bootstrap import prepare_process
+
+    prepare_process()
+    raise SystemExit(main())

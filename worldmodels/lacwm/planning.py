@@ -1,0 +1,165 @@
+"""Planning by candidate selection with a LAC-WM / EAC-WM checkpoint, and its ``sim.api.Policy``.
+
+Every ``frame_skip`` control steps the planner samples ``num_candidates`` action sequences of ``horizon``
+transitions from a proposal, imagines each with the world model (projector / encoder + FDM), scores the
+imagined last frame by its pixel distance to a goal image, and executes the first transition of the best
+one (MPC). ``select="random"`` picks a random candidate instead (the baseline: same proposals, no model).
+
+Proposal: half the candidates hold the env's scripted expert action (evaluated on the current state) plus
+Gaussian noise; the rest are smooth random walks. Goal images come from ``ExpertGoal``: the scripted
+expert rolled out (noise-free) in a shadow copy of the env reset with the episode's seed; its last frame
+is the goal (privileged, as a goal-image benchmark provides one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.logging import get_logger
+
+log = get_logger("embodied.lacwm")
+
+
+class ExpertGoal:
+    """Goal image per episode seed: the last frame of a noise-free expert rollout in a shadow env."""
+
+    def __init__(self, env_id: str, image_size: int, max_steps: int = 30):
+        self.env_id, self.image_size, self.max_steps = env_id, image_size, max_steps
+        self._env = None
+
+    def __call__(self, seed: int | None) -> np.ndarray:
+        import gymnasium as gym
+
+        if self._env is None:
+            self._env = gym.make(self.env_id, image_size=self.image_size)
+        obs, info = self._env.reset(seed=seed)
+        expert = self._env.unwrapped.make_expert(noise=0.0, seed=seed)
+        expert.reset(seed)
+        for _ in range(self.max_steps):
+            obs, _, term, trunc, info = self._env.step(expert.act(obs, info))
+            if term or trunc:
+                break
+        return obs["image"]
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+class CandidateSelectionPlanner:
+    """``sim.api.Policy``: sample candidates, imagine with the world model, act on the best.
+
+    Args:
+        model: A LAC-WM / EAC-WM with a projector / encoder for ``embodiment``.
+        embodiment: The embodiment name (as recorded in the data, e.g. ``"Panda+InspireHand"``).
+        env: The env to act in (action space, scripted expert for proposals).
+        goal_fn: ``seed -> (H, W, 3) uint8`` goal image.
+        num_candidates, horizon: Candidates per decision and transitions imagined per candidate.
+        select: ``"model"`` (closest imagined end frame) or ``"random"``.
+        noise: Std of the Gaussian noise on expert-held proposals (normalised action units).
+    """
+
+    def __init__(self, model, embodiment: str, env: Any, goal_fn, num_candidates: int = 16, horizon: int = 4,
+                 select: str = "model", noise: float = 0.4):
+        if select not in ("model", "random"):
+            raise ValueError(f"select must be 'model' or 'random', got {select!r}")
+        self.model = model.eval()
+        self.encoder = model.action_encoder(embodiment)
+        self.env, self.goal_fn = env, goal_fn
+        self.space = env.action_space
+        self.skip = model.config.frame_skip
+        self.n, self.h, self.select, self.noise = num_candidates, horizon, select, noise
+        make = getattr(env.unwrapped, "make_expert", None)
+        self.expert = make(noise=0.0) if make is not None else None
+        self.rng = np.random.default_rng(0)
+        self.goal: torch.Tensor | None = None
+        self._queue: list[np.ndarray] = []
+        self.decisions = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(None if seed is None else seed + 104729)
+        if self.expert is not None:
+            self.expert.reset(seed)
+        self.goal = self.model.codec.to_float(torch.from_numpy(np.ascontiguousarray(self.goal_fn(seed)))
+                                              .permute(2, 0, 1)[None])
+        self._queue = []
+
+    def candidates(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        """(N, horizon, skip, A) candidate actions in the env's action box."""
+        a_dim = self.space.shape[0]
+        lo, hi = self.space.low, self.space.high
+        out = np.empty((self.n, self.h, self.skip, a_dim), np.float32)
+        n_exp = self.n // 2 if self.expert is not None else 0
+        if n_exp:
+            base = np.asarray(self.expert.act(obs, info), np.float32)
+            out[:n_exp] = base + self.noise * self.rng.normal(size=(n_exp, 1, 1, a_dim))
+        m = self.n - n_exp
+        start = self.rng.uniform(-0.5, 0.5, (m, 1, a_dim))
+        walk = start + np.cumsum(0.2 * self.rng.normal(size=(m, self.h * self.skip, a_dim)), axis=1)
+        out[n_exp:] = walk.reshape(m, self.h, self.skip, a_dim)
+        return np.clip(out, lo, hi)
+
+    @torch.no_grad()
+    def scores(self, frame: np.ndarray, cands: np.ndarray) -> np.ndarray:
+        """Pixel MSE between each candidate's imagined last frame and the goal: (N,), lower is better."""
+        x = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].expand(len(cands), -1, -1, -1)
+        acts = torch.from_numpy(cands.reshape(len(cands), self.h, -1))
+        imagined = self.model.imagine(x, self.encoder(acts))
+        return ((imagined[:, -1] - self.goal) ** 2).flatten(1).mean(1).numpy()
+
+    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        if not self._queue:
+            cands = self.candidates(obs, info)
+            if self.select == "model":
+                best = int(np.argmin(self.scores(obs["image"], cands)))
+            else:
+                best = int(self.rng.integers(len(cands)))
+            self._queue = list(cands[best, 0])
+            self.decisions += 1
+        return self._queue.pop(0).astype(np.float32)
+
+
+def load_planner_policy(checkpoint, env, select: str = "model", num_candidates: int = 16, horizon: int = 4):
+    """``POLICIES`` factory: a planner on an adapted LAC-WM / EAC-WM checkpoint for ``env``.
+
+    The checkpoint must hold a projector / encoder for the env's embodiment; the goal comes from
+    ``ExpertGoal`` on the same env id.
+    """
+    from core.errors import CheckpointError
+    from worldmodels.lacwm.experiments import load_model
+
+    model, _ = load_model(checkpoint)
+    emb = env.unwrapped.metadata.get("embodiment", "")
+    try:
+        enc = model.action_encoder(emb)
+    except KeyError as e:
+        raise CheckpointError(f"{checkpoint}: {e.args[0]}") from None
+    need = enc.in_dim // model.config.frame_skip
+    if env.action_space.shape != (need,):
+        raise CheckpointError(f"{checkpoint}: world model takes {need}-d actions, the env has {env.action_space.shape}")
+    size = env.observation_space["image"].shape[0]
+    goal = ExpertGoal(env.spec.id, size)
+    return CandidateSelectionPlanner(model, emb, env, goal, num_candidates, horizon, select=select)
+
+
+def planning_eval(checkpoint, env_id: str, episodes: int = 4, seed: int = 2000, image_size: int = 48,
+                  max_steps: int = 30, num_candidates: int = 16, horizon: int = 4) -> dict[str, Any]:
+    """Success rate of model-based vs random candidate selection on ``env_id`` (same seeds, same proposals)."""
+    import functools
+
+    from sim.rollout import RolloutConfig, rollout
+
+    out: dict[str, Any] = {"env": env_id, "episodes": episodes}
+    for select in ("model", "random"):
+        factory = functools.partial(load_planner_policy, checkpoint, select=select, num_candidates=num_candidates,
+                                    horizon=horizon)
+        rc = RolloutConfig(env_id=env_id, episodes=episodes, seed=seed, env_kwargs={"image_size": image_size},
+                           max_episode_steps=max_steps, progress=False)
+        s = rollout(rc, policy=factory).summary
+        out[select] = {k: s[k] for k in ("success_rate", "mean_return", "mean_length")}
+        log.info("planning %s on %s: success %.2f", select, env_id, s["success_rate"])
+    return out
