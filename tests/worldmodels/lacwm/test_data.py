@@ -49,3 +49,23 @@ def test_bad_inputs_fail_clearly(tmp_path):
         TransitionDataset([tmp_path / "a.hdf5"], embodiment_names=["Other"])
     with pytest.raises(DataError, match="no such file"):
         TransitionDataset([tmp_path / "missing.hdf5"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pretraining_records_and_uses_libero_interaction(tmp_path):
+    """LIBERO scenes join the pretraining data through the same recorder and trajectory loader."""
+    from core.cli import main
+    from core.data.trajectories import TrajectoryFile
+
+    data = tmp_path / "data"
+    args = ["train", "lacwm", "model=lacwm_tiny", "debug=tiny", f"data.root={data}",
+            "data.libero_tasks=[embodied/Libero-spatial-0-v0]", "data.libero_episodes=1",
+            "data.num_pretrain_embodiments=1", "data.episodes=1", "data.adapt_episodes=1", "data.test_episodes=1",
+            "data.max_steps=12", "data.image_size=32", f"out_dir={tmp_path / 'run'}"]
+    assert main(args) == 0
+    libero = data / "pretrain" / "embodied_Libero-spatial-0-v0.hdf5"
+    with TrajectoryFile(libero) as f:
+        assert f.language_instruction and len(f.episodes) == 1
+        assert "obs/eef_delta" in f.keys("demo_0")
+    assert (tmp_path / "run" / "adapted").is_dir()
