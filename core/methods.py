@@ -44,12 +44,12 @@ POLICIES.register("bc", "worldmodels.bc.task:load_policy")
 METHODS.register("transnormal", "perception.normals.task", folder="perception/normals",
                  description=PLANNED["transnormal"][1])
 INFER.register("normals", "perception.normals.cli:infer")
-METHODS.register("lacwm", "worldmodels.lacwm.task_lacwm", folder="worldmodels/lacwm",
+METHODS.register("lacwm", "worldmodels.lacwm.task", folder="worldmodels/lacwm",
                  description=PLANNED["lacwm"][1])
-METHODS.register("eacwm", "worldmodels.lacwm.task_eacwm", folder="worldmodels/lacwm",
+METHODS.register("eacwm", "worldmodels.lacwm.task", folder="worldmodels/lacwm",
                  description=PLANNED["eacwm"][1])
-POLICIES.register("lacwm", "worldmodels.lacwm.task_lacwm:load_policy")
-POLICIES.register("eacwm", "worldmodels.lacwm.task_eacwm:load_policy")
+POLICIES.register("lacwm", "worldmodels.lacwm.task:load_policy")
+POLICIES.register("eacwm", "worldmodels.lacwm.task:load_policy")
 METHODS.register("sola", "perception.spherical.task", folder="perception/spherical",
                  description=PLANNED["sola"][1])
 INFER.register("depth360", "perception.spherical.cli:infer")

@@ -214,12 +214,12 @@ def test_imagined_rollouts_with_true_actions_beat_shuffled_actions_and_copy_last
 @pytest.mark.timeout(900)
 def test_train_evaluate_and_plan_end_to_end(tmp_path):
     """Record tiny data, pretrain + adapt both methods, evaluate, and drive the planner in the simulator."""
-    from worldmodels.lacwm import task_eacwm, task_lacwm
+    from worldmodels.lacwm import task
 
     common = ["debug=tiny", "data.num_pretrain_embodiments=1", "data.episodes=2", "data.adapt_episodes=2",
               "data.test_episodes=1", "data.max_steps=12", "data.image_size=32", f"data.root={tmp_path / 'data'}",
               "data.plan_episodes=1", "data.plan_max_steps=4", "trainer.max_steps=3", "model.frame_skip=1"]
-    for name, task in (("lacwm", task_lacwm), ("eacwm", task_eacwm)):
+    for name in ("lacwm", "eacwm"):
         cfg = compose([f"experiment={name}", f"model={name}_tiny", f"out_dir={tmp_path / name}", *common])
         out = task.train(cfg)
         assert (tmp_path / name / "adapted" / "model.safetensors").exists() and out["parameters"] > 0
