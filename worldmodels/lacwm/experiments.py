@@ -181,6 +181,9 @@ def rollout_error(model, ds, embodiment: str, horizon: int = 8, max_samples: int
     distance with a ``judge`` LAC-WM) at horizons 1..``horizon``; PSNR is that of the mean squared error over
     windows (a mean of per-window PSNRs is dominated by the few near-perfect windows).
     """
+    if len(ds) == 0:
+        raise DataError("test episodes", f"no window of {horizon} transitions fits in them (episodes too short "
+                        "for this horizon x model.frame_skip; raise data.max_steps)")
     g = np.random.default_rng(seed)
     idx = g.choice(len(ds), size=min(max_samples, len(ds)), replace=False)
     batch = {k: torch.stack([ds[int(i)][k] for i in idx]) for k in ("frames", "actions")}
