@@ -290,8 +290,16 @@ class _FileSampleDataset(Dataset):
     mask_kind = "binary"
 
     def __init__(
-        self, samples: list[tuple[str, dict[str, Path]]], keys: Sequence[str] | None, on_error: OnError
+        self,
+        samples: list[tuple[str, dict[str, Path]]],
+        keys: Sequence[str] | None,
+        on_error: OnError,
+        bad: Sequence[DataError] = (),
+        validate: bool = False,
     ):
+        """Args: ``samples`` (id, key -> file) found by the subclass; ``bad`` problems found while listing
+        them (raised, or counted in ``skipped`` / ``errors`` with ``on_error="skip"``); ``validate`` decodes
+        every sample once up front (always done in skip mode, so bad files are dropped before training)."""
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
@@ -302,6 +310,13 @@ class _FileSampleDataset(Dataset):
         self._files: list[dict[str, Path]] = [
             {k: p for k, p in files.items() if self.keys is None or k in self.keys} for _, files in samples
         ]
+        for e in bad:
+            if on_error == "raise":
+                raise e
+            self.errors.append(e)
+            self.skipped += 1
+        if validate or on_error == "skip":
+            self.validate()
 
     def __len__(self) -> int:
         return len(self._files)
@@ -423,14 +438,7 @@ class DenseImageDataset(_FileSampleDataset):
                         break
             if files:
                 samples.append((p.stem, files))
-        super().__init__(samples, keys, on_error)
-        for e in bad:
-            if on_error == "raise":
-                raise e
-            self.errors.append(e)
-            self.skipped += 1
-        if validate or on_error == "skip":
-            self.validate()
+        super().__init__(samples, keys, on_error, bad, validate)
 
 
 class ClearGraspDataset(_FileSampleDataset):
@@ -496,11 +504,4 @@ class ClearGraspDataset(_FileSampleDataset):
                         break
                 if files:
                     samples.append((f"{d.name}/{sid}" if d != self.root else sid, files))
-        super().__init__(samples, keys, on_error)
-        for e in bad:
-            if on_error == "raise":
-                raise e
-            self.errors.append(e)
-            self.skipped += 1
-        if on_error == "skip":
-            self.validate()
+        super().__init__(samples, keys, on_error, bad)

@@ -185,14 +185,7 @@ class Stanford2D3DDataset(_FileSampleDataset):
                     files[key] = f
                 if files:
                     samples.append((f"{a.name}/{stem}", files))
-        super().__init__(samples, keys, on_error)
-        for e in bad:
-            if on_error == "raise":
-                raise e
-            self.errors.append(e)
-            self.skipped += 1
-        if on_error == "skip":
-            self.validate()
+        super().__init__(samples, keys, on_error, bad)
 
     def _load_labels(self) -> np.ndarray | None:
         for p in (self.root / "semantic_labels.json", self.root / "assets" / "semantic_labels.json"):
