@@ -27,7 +27,11 @@ from benchmarks.common import parse_args, print_table, write_result  # noqa: E40
 ENV_ID = "embodied/Lift-Panda-v0"
 
 
-def _env_steps_per_s(env_id: str, image_size: int, steps: int) -> float:
+def env_steps_per_s(env_id: str, image_size: int, steps: int) -> float:
+    """Control steps per second of a registered manipulation env (random small actions, no episode ends)."""
+    import sim
+
+    sim.register_envs()
     env = gym.make(env_id, image_size=image_size, terminate_on_success=False, horizon=10**6)
     try:
         env.reset(seed=0)
@@ -79,8 +83,8 @@ def main() -> None:
 
     sim.register_envs()
     steps = 60 if args.quick else 300
-    state_sps = _env_steps_per_s(ENV_ID, 0, steps)
-    render_sps = _env_steps_per_s(ENV_ID, 128, steps // 2)
+    state_sps = env_steps_per_s(ENV_ID, 0, steps)
+    render_sps = env_steps_per_s(ENV_ID, 128, steps // 2)
     raw_sps, per_control = _mj_substeps_per_s(ENV_ID, steps * 25)
     raw_control_sps = raw_sps / per_control
 

@@ -16,7 +16,6 @@ initialised model of ``configs/model/lacwm.yaml`` (speed does not depend on the 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -25,6 +24,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 import torch  # noqa: E402
 
 from benchmarks.common import default_device, parse_args, print_table, timeit, write_result  # noqa: E402
+from benchmarks.sim import env_steps_per_s  # noqa: E402
 from core.bootstrap import prepare_process  # noqa: E402
 
 ASSET = Path(__file__).resolve().parent.parent / "assets" / "checkpoints" / "lacwm"
@@ -42,25 +42,6 @@ def _model(device: str):
     else:
         model = adapt_model(build_model(to_object(compose(["experiment=lacwm"]).model)), "Panda", 7)
     return model.to(device).eval()
-
-
-def _sim_fps(size: int, steps: int) -> float:
-    import gymnasium as gym
-
-    import sim
-
-    sim.register_envs()
-    env = gym.make("embodied/Reach-Panda-v0", image_size=size, terminate_on_success=False, horizon=10**6)
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        env.step(env.action_space.sample() * 0.2)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            env.step(env.action_space.sample() * 0.2)
-        return steps / (time.perf_counter() - t0)
-    finally:
-        env.close()
 
 
 def main() -> None:
@@ -82,7 +63,7 @@ def main() -> None:
 
     t_im = timeit(imagine, warmup=1, repeats=3 if args.quick else 10, device=device).median
     imagined_fps = batch * steps / t_im
-    sim_fps = _sim_fps(c.image_size, 20 if args.quick else 100)
+    sim_fps = env_steps_per_s("embodied/Reach-Panda-v0", c.image_size, 20 if args.quick else 100)
 
     goal = torch.zeros(1, 3, c.image_size, c.image_size, device=device)
     cands = torch.randn(16, 4, enc.in_dim, device=device)
