@@ -114,6 +114,7 @@ def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     path = out_dir / f"{sanitize_env_id(spec.env_id)}.hdf5"
     if path.exists():
+        check_cached(spec, path)
         return path
     cfg = RolloutConfig(env_id=spec.env_id, episodes=spec.episodes, seed=spec.seed, policy="scripted",
                         noise=spec.noise, env_kwargs={"image_size": spec.image_size},
@@ -122,6 +123,29 @@ def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
     result = record_rollout(cfg, out_dir, video=False, policy=factory)
     log.info("recorded %s: %d episodes, %.1f steps/s", spec.env_id, spec.episodes, result.summary["steps_per_s"])
     return Path(result.summary["hdf5"])
+
+
+def check_cached(spec: RecordSpec, path: str | Path) -> None:
+    """Refuse a cached file recorded with other settings than ``spec`` (the cache is keyed by env id only).
+
+    Checks the frame size, the episode count and the longest episode against ``spec`` (a file recorded
+    with a larger ``max_steps`` or other ``image_size`` / ``episodes`` would otherwise be reused silently;
+    a smaller recorded ``max_steps`` cannot be told from early episode ends and is not caught).
+
+    Raises:
+        ConfigError: The file does not match ``spec`` (record into a new ``data.root``).
+    """
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        demos = [f["data"][k] for k in f["data"]]
+        size = demos[0]["obs/image"].shape[1] if demos and "image" in demos[0]["obs"] else spec.image_size
+        longest = max((d["actions"].shape[0] for d in demos), default=0)
+    found = {"image_size": size, "episodes": len(demos)}
+    want = {"image_size": spec.image_size, "episodes": spec.episodes}
+    if found != want or longest > spec.max_steps:
+        raise ConfigError(f"cached {path} does not match the requested data ({found}, longest episode {longest} vs "
+                          f"{want}, max_steps={spec.max_steps}); set a new data.root to record it")
 
 
 def embodiment_name(id_name: str) -> str:

@@ -115,6 +115,7 @@ def test_probe_is_high_on_real_labels_and_near_zero_on_shuffled():
     r = linear_probe(_FakeProbeModel(), ds(300, 0), ds(200, 1))
     assert r["r2"] > 0.95
     assert abs(r["r2_shuffled"]) < 0.1
+    assert len(r["r2_per_dim"]) == 6 and min(r["r2_per_dim"]) > 0.9
 
 
 def test_metrics_order_and_identity():
