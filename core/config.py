@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -156,31 +156,38 @@ class TrajectoryDataConfig:
 
 
 @dataclass
-class DenseImageDataConfig:
-    """``core.data.images`` folders: the project's "embodied-dense" layout or ClearGrasp's."""
+class SplitFolderDataConfig:
+    """A dataset folder with train / test splits in one of several on-disk layouts (``LAYOUTS``)."""
 
-    root: str = "outputs/datasets/normals"
+    LAYOUTS: ClassVar[tuple[str, ...]] = ("embodied-dense",)
+
+    root: str = "outputs/datasets"
     layout: str = "embodied-dense"
     train_split: str = "train"
     test_split: str = "test"
-    image_size: int = 64
 
     def __post_init__(self):
-        _choice("data.layout", self.layout, ("embodied-dense", "cleargrasp"))
+        _choice("data.layout", self.layout, self.LAYOUTS)
 
 
 @dataclass
-class PanoramaDataConfig:
+class DenseImageDataConfig(SplitFolderDataConfig):
+    """``core.data.images`` folders: the project's "embodied-dense" layout or ClearGrasp's."""
+
+    LAYOUTS: ClassVar[tuple[str, ...]] = ("embodied-dense", "cleargrasp")
+
+    root: str = "outputs/datasets/normals"
+    image_size: int = 64
+
+
+@dataclass
+class PanoramaDataConfig(SplitFolderDataConfig):
     """``core.data.panoramas``: equirectangular RGB + depth + semantics (embodied-dense or Stanford2D3D)."""
 
-    root: str = "outputs/datasets/panoramas"
-    layout: str = "embodied-dense"
-    train_split: str = "train"
-    test_split: str = "test"
-    height: int = 64
+    LAYOUTS: ClassVar[tuple[str, ...]] = ("embodied-dense", "stanford2d3d")
 
-    def __post_init__(self):
-        _choice("data.layout", self.layout, ("embodied-dense", "stanford2d3d"))
+    root: str = "outputs/datasets/panoramas"
+    height: int = 64
 
 
 @dataclass
