@@ -39,6 +39,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="episode i uses seed S + i")
     p.add_argument("--noise", type=float, default=0.05, help="action-noise std of the scripted expert")
     p.add_argument("--image-size", type=int, default=None, help="camera image side in pixels (0: none)")
+    p.add_argument("--camera", default=None,
+                   help="manipulation suite camera: a robosuite camera name or 'workspace' (env default: agentview)")
     p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
     p.set_defaults(func=cmd_rollout)
 
@@ -119,6 +121,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if args.image_size < 0:
             raise ConfigError(f"--image-size: must be >= 0, got {args.image_size}")
         env_kwargs["image_size"] = args.image_size
+    if args.camera is not None:
+        env_kwargs["camera"] = args.camera
     if args.episodes < 1:
         raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
     if args.num_envs < 1:

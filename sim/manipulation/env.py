@@ -12,8 +12,10 @@ Tasks:
 Episodes end (``terminated``) on success or on a simulator failure, and are ``truncated`` at the horizon.
 
 Observation (``gymnasium.spaces.Dict``):
-    image    (H, W, 3) uint8 RGB from robosuite's ``agentview`` camera, upright; absent when
-             ``image_size=0`` (state-only variant, much faster).
+    image    (H, W, 3) uint8 RGB from robosuite's ``agentview`` camera (or ``camera``: any robosuite
+             camera, or ``"workspace"``, a fixed view framed on the volume above the table where the
+             end effector works — at 48-64 px agentview often has the gripper at or above its top edge),
+             upright; absent when ``image_size=0`` (state-only variant, much faster).
     proprio  (P,) float32 = arm joint angles (n, rad), arm joint velocities (n, rad/s), end-effector
              position (3, m, world frame), end-effector orientation quaternion (4, x y z w, world frame),
              end-effector joint positions (g: finger / gripper joints, rad or m); the layout is
@@ -50,6 +52,12 @@ JOINT_POS_SCALE = 0.05  # rad per control step
 
 REACH_OFFSET = np.array([0.0, 0.0, 0.06])
 REACH_TOLERANCE = 0.03
+WORKSPACE = "workspace"
+# Free camera of ``camera="workspace"``: look-at point (m, relative to the table-top centre), distance (m),
+# azimuth and elevation (deg). Diagonal (45 deg between the world x and y axes), 35 deg down, aimed just in
+# front of the robot's start pose: the gripper, the cube and ~30 cm of air above them fill the frame on every
+# embodiment, and x, y and z motion all move the gripper in the image (a view along x makes dx mostly depth).
+WORKSPACE_CAMERA = ((-0.08, 0.0, 0.2), 1.0, 135.0, -35.0)
 _WARNINGS = (
     mujoco.mjtWarning.mjWARN_BADQPOS,
     mujoco.mjtWarning.mjWARN_BADQVEL,
@@ -85,7 +93,7 @@ class ManipulationEnv(gym.Env):
         embodiment: Embodiment id name, a key of ``registration.EMBODIMENTS`` (e.g. ``"Sawyer"``).
         image_size: Side in pixels of the square ``image`` observation, 0 or 32..256 (0: no image).
         horizon: Episode length in control steps (20 Hz) before truncation.
-        camera: robosuite camera rendered into ``image``.
+        camera: robosuite camera rendered into ``image``, or ``"workspace"`` (see ``WORKSPACE_CAMERA``).
         terminate_on_success: End the episode at the first successful step.
         render_mode: ``"rgb_array"`` (``render()`` returns the camera frame) or None.
     """
@@ -117,6 +125,8 @@ class ManipulationEnv(gym.Env):
         self.horizon = int(horizon if horizon is not None else task_names[task])
         if self.horizon < 1:
             raise ConfigError(f"horizon: must be >= 1, got {self.horizon}")
+        if not isinstance(camera, str) or not camera:
+            raise ConfigError(f"camera: must be a camera name, got {camera!r}")
         self.camera = camera
         self.terminate_on_success = terminate_on_success
         self.render_mode = render_mode
@@ -126,6 +136,7 @@ class ManipulationEnv(gym.Env):
         self._model: mujoco.MjModel = self._rs.sim.model._model
         self._data: mujoco.MjData = self._rs.sim.data._data
         self._eef_site = self._robot.eef_site_id["right"]
+        self._camera_handle()  # an unknown camera name fails here, not at the first render
         self._arm_qpos = np.asarray(self._robot._ref_joint_pos_indexes)
         self._arm_dofs = np.asarray(self._robot._ref_joint_vel_indexes)
         gripper = self._robot.gripper["right"]
@@ -440,11 +451,23 @@ class ManipulationEnv(gym.Env):
                 obs["image"] = np.zeros((self.image_size, self.image_size, 3), dtype=np.uint8)
         return obs
 
+    def _camera_handle(self) -> str | mujoco.MjvCamera:
+        if self.camera != WORKSPACE:
+            if mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, self.camera) < 0:
+                names = [self._model.camera(i).name for i in range(self._model.ncam)]
+                raise ConfigError(f"camera: unknown {self.camera!r}; choose from {[WORKSPACE, *names]}")
+            return self.camera
+        cam = mujoco.MjvCamera()
+        cam.type = mujoco.mjtCamera.mjCAMERA_FREE
+        lookat, cam.distance, cam.azimuth, cam.elevation = WORKSPACE_CAMERA
+        cam.lookat[:] = np.asarray(lookat) + np.array([0.0, 0.0, self.table_height])
+        return cam
+
     def _render(self, size: int) -> np.ndarray:
         if self._renderer is None or self._renderer.height != size:
             if self._renderer is not None:
                 self._renderer.close()
             self._model.vis.quality.shadowsize = 1024  # 3-4x faster than robosuite's 4096, same look at <=256 px
             self._renderer = mujoco.Renderer(self._model, size, size)
-        self._renderer.update_scene(self._data, camera=self.camera)
+        self._renderer.update_scene(self._data, camera=self._camera_handle())
         return self._renderer.render().copy()

@@ -158,3 +158,39 @@ def test_state_only_variant_has_no_image_and_bad_args_are_config_errors():
         from sim.manipulation.env import ManipulationEnv
 
         ManipulationEnv("reach", "Robby")
+
+
+def _eef_in_frame(env: gym.Env, steps: int = 30) -> float:
+    """Fraction of steps of a random-exploration episode whose end-effector site projects inside the image."""
+    u = env.unwrapped
+    env.reset(seed=1)
+    rng = np.random.default_rng(0)
+    a = np.zeros(env.action_space.shape)
+    inside = 0
+    for _ in range(steps):
+        a = np.clip(0.8 * a + 0.5 * rng.normal(size=a.shape), -1, 1)
+        env.step(a.astype(np.float32))
+        u._renderer.update_scene(u._data, camera=u._camera_handle())
+        cam = u._renderer.scene.camera[0]
+        fwd, up = np.asarray(cam.forward), np.asarray(cam.up)
+        v = u.eef_pose()[0] - np.asarray(cam.pos)
+        x, y, z = v @ np.cross(fwd, up), v @ up, v @ fwd
+        half = cam.frustum_width or (cam.frustum_top - cam.frustum_bottom) / 2  # 0: from the (square) aspect
+        px = (x / z * cam.frustum_near - cam.frustum_center + half) / (2 * half)
+        py = (y / z * cam.frustum_near - cam.frustum_bottom) / (cam.frustum_top - cam.frustum_bottom)
+        inside += bool(0.05 < px < 0.95 and 0.05 < py < 0.95)
+    return inside / steps
+
+
+def test_workspace_camera_keeps_the_gripper_in_frame_where_agentview_loses_it():
+    fractions = {}
+    for camera in ("workspace", "agentview"):
+        env = _make("embodied/Reach-PandaInspireHand-v0", image_size=48, camera=camera)
+        try:
+            fractions[camera] = _eef_in_frame(env)
+        finally:
+            env.close()
+    assert fractions["workspace"] >= 0.9, fractions
+    assert fractions["workspace"] > fractions["agentview"], fractions
+    with pytest.raises(ConfigError, match="camera.*workspace"):
+        gym.make("embodied/Reach-Panda-v0", image_size=48, camera="nosuchcam")
