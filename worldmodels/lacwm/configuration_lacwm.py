@@ -57,9 +57,10 @@ class LACWMConfig:
     """
 
     conditioning: str = "latent"  # latent (LAC-WM) | explicit (EAC-WM)
-    encoder: str = "pixels"  # IDM frame encoder: "pixels" (patch space) or "timm:<model name>" (frozen)
+    encoder: str = "conv"  # IDM frame encoder: "pixels" (patch space), "conv" (small, trained here), "timm:<name>" (frozen)
     encoder_path: str | None = None  # local weights of the timm encoder (safetensors / timm checkpoint)
     encoder_kwargs: dict[str, int] = field(default_factory=dict)  # e.g. {img_size: 48, patch_size: 8}
+    idm_frame_diff: bool = True  # pixels / conv: encode each frame with its difference to the previous one
     image_size: int = 48
     patch_size: int = 6
     width: int = 128
@@ -98,8 +99,10 @@ class LACWMConfig:
         if self.aug_shift < 0 or not 0.0 <= self.aug_color < 1.0:
             raise ConfigError(f"model.aug_shift must be >= 0 and aug_color in [0, 1), got {self.aug_shift}, "
                               f"{self.aug_color}")
-        if self.encoder != "pixels" and not self.encoder.startswith("timm:"):
-            raise ConfigError(f"model.encoder must be 'pixels' or 'timm:<model name>', got {self.encoder!r}")
+        if self.encoder not in ("pixels", "conv") and not self.encoder.startswith("timm:"):
+            raise ConfigError(f"model.encoder must be 'pixels', 'conv' or 'timm:<model name>', got {self.encoder!r}")
+        if self.encoder == "conv" and self.patch_size & (self.patch_size - 1):
+            raise ConfigError(f"model.encoder=conv needs a power-of-two patch_size, got {self.patch_size}")
         if self.lora_rank < 0:
             raise ConfigError(f"model.lora_rank must be >= 0, got {self.lora_rank}")
         if isinstance(self.adapt, dict):
@@ -129,23 +132,26 @@ class WorldModelDataConfig:
     demonstrations per task for adaptation and ``test_episodes`` per task (other seeds) for evaluation.
     ``libero_tasks`` (env ids) add LIBERO interaction to pretraining. ``plan_episodes`` episodes of Reach on
     the held-out embodiment (seeds from 2000) measure planning by candidate selection in ``embodied eval``.
+    ``camera`` is the manipulation suite's camera (``"workspace"``: framed on the gripper's working volume;
+    robosuite's ``agentview`` loses the gripper off the top edge of small frames).
     """
 
-    root: str = "outputs/lacwm/data"
+    root: str = "outputs/lacwm/data_ws"
     pretrain_embodiments: list[str] = field(default_factory=lambda: ["Panda", "Sawyer", "UR5e", "IIWA"])
     num_pretrain_embodiments: int = 3
     held_out: str = "PandaInspireHand"
     tasks: list[str] = field(default_factory=lambda: ["Reach", "Lift"])
-    episodes: int = 8
+    episodes: int = 16
     adapt_episodes: int = 8
-    test_episodes: int = 4
-    max_steps: int = 30
-    image_size: int = 48
+    test_episodes: int = 8
+    max_steps: int = 45
+    image_size: int = 64
+    camera: str = "workspace"
     seed: int = 0
     test_seed: int = 500
     libero_tasks: list[str] = field(default_factory=list)
     libero_episodes: int = 2
-    plan_episodes: int = 4  # closed-loop planning episodes per arm in `embodied eval` (0: skip)
+    plan_episodes: int = 10  # closed-loop planning episodes per arm in `embodied eval` (0: skip)
     plan_max_steps: int = 40
 
     def __post_init__(self):

@@ -104,6 +104,11 @@ class RecordSpec:
     image_size: int
     explore_every: int = 2
     noise: float = 0.1
+    camera: str | None = None  # manipulation-suite camera (None: the env's default; LIBERO has its own)
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"image_size": self.image_size, **({"camera": self.camera} if self.camera else {})}
 
 
 def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
@@ -117,7 +122,7 @@ def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
         check_cached(spec, path)
         return path
     cfg = RolloutConfig(env_id=spec.env_id, episodes=spec.episodes, seed=spec.seed, policy="scripted",
-                        noise=spec.noise, env_kwargs={"image_size": spec.image_size},
+                        noise=spec.noise, env_kwargs=spec.env_kwargs,
                         max_episode_steps=spec.max_steps, progress=False)
     factory = functools.partial(exploration_policy, noise=spec.noise, explore_every=spec.explore_every)
     result = record_rollout(cfg, out_dir, video=False, policy=factory)
@@ -128,21 +133,26 @@ def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
 def check_cached(spec: RecordSpec, path: str | Path) -> None:
     """Refuse a cached file recorded with other settings than ``spec`` (the cache is keyed by env id only).
 
-    Checks the frame size, the episode count and the longest episode against ``spec`` (a file recorded
-    with a larger ``max_steps`` or other ``image_size`` / ``episodes`` would otherwise be reused silently;
+    Checks the frame size, the camera, the episode count and the longest episode against ``spec`` (a file
+    recorded with a larger ``max_steps`` or other ``image_size`` / ``camera`` / ``episodes`` would otherwise be
+    reused silently;
     a smaller recorded ``max_steps`` cannot be told from early episode ends and is not caught).
 
     Raises:
         ConfigError: The file does not match ``spec`` (record into a new ``data.root``).
     """
+    import json
+
     import h5py
 
     with h5py.File(path, "r") as f:
         demos = [f["data"][k] for k in f["data"]]
         size = demos[0]["obs/image"].shape[1] if demos and "image" in demos[0]["obs"] else spec.image_size
         longest = max((d["actions"].shape[0] for d in demos), default=0)
-    found = {"image_size": size, "episodes": len(demos)}
-    want = {"image_size": spec.image_size, "episodes": spec.episodes}
+        env_args = f["data"].attrs.get("env_args", "{}")
+    camera = json.loads(env_args).get("env_kwargs", {}).get("camera") if isinstance(env_args, str) else None
+    found = {"image_size": size, "episodes": len(demos), "camera": camera}
+    want = {"image_size": spec.image_size, "episodes": spec.episodes, "camera": spec.camera}
     if found != want or longest > spec.max_steps:
         raise ConfigError(f"cached {path} does not match the requested data ({found}, longest episode {longest} vs "
                           f"{want}, max_steps={spec.max_steps}); set a new data.root to record it")
@@ -156,7 +166,7 @@ def embodiment_name(id_name: str) -> str:
 
 
 def suite_specs(embodiments: Sequence[str], tasks: Sequence[str], episodes: int, seed: int, max_steps: int,
-                image_size: int, explore_every: int = 2) -> list[RecordSpec]:
+                image_size: int, explore_every: int = 2, camera: str | None = None) -> list[RecordSpec]:
     """Record specs for every task x embodiment of the manipulation suite (ids ``embodied/<Task>-<Emb>-v0``)."""
     from sim.manipulation.registration import EMBODIMENTS, TASKS, env_id
 
@@ -167,7 +177,8 @@ def suite_specs(embodiments: Sequence[str], tasks: Sequence[str], episodes: int,
         for task in tasks:
             if task not in TASKS:
                 raise ConfigError(f"data.tasks: unknown task {task!r}; choose from {sorted(TASKS)}")
-            specs.append(RecordSpec(env_id(task, emb), episodes, seed, max_steps, image_size, explore_every))
+            specs.append(RecordSpec(env_id(task, emb), episodes, seed, max_steps, image_size, explore_every,
+                                    camera=camera))
     return specs
 
 

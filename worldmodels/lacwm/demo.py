@@ -30,13 +30,16 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from worldmodels.lacwm.data import TransitionDataset
     from worldmodels.lacwm.experiments import load_model, rollout_error
 
-    models = {name: load_model(ASSETS / name)[0] for name in ("lacwm", "eacwm") if (ASSETS / name).exists()}
+    loaded = {name: load_model(ASSETS / name) for name in ("lacwm", "eacwm") if (ASSETS / name).exists()}
+    models = {name: m for name, (m, _) in loaded.items()}
     if not models:
         return DemoSection(title="LAC-WM / EAC-WM (worldmodels/lacwm)", lead="no shipped checkpoint found",
                            body="", figures={})
     cfg = next(iter(models.values())).config
+    camera = (next(iter(loaded.values()))[1].get("data") or {}).get("camera")  # the frames it was trained on
+    env_kwargs = {"image_size": cfg.image_size, **({"camera": camera} if camera else {})}
     rec = record_rollout(RolloutConfig(env_id=HELD_OUT_ENV, episodes=1, seed=ctx.seed + 900, policy="scripted",
-                                       noise=0.1, env_kwargs={"image_size": cfg.image_size}, max_episode_steps=30,
+                                       noise=0.1, env_kwargs=env_kwargs, max_episode_steps=45,
                                        progress=False), ctx.path("lacwm", "real"), video=False)
     horizon = 6
     ds = TransitionDataset([rec.summary["hdf5"]], context=horizon, skip=cfg.frame_skip)

@@ -44,13 +44,14 @@ def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, lis
     root = Path(data.root)
     embs = data.pretrain_embodiments[: data.num_pretrain_embodiments]
     plan = {
-        "pretrain": suite_specs(embs, data.tasks, data.episodes, data.seed, data.max_steps, data.image_size)
+        "pretrain": suite_specs(embs, data.tasks, data.episodes, data.seed, data.max_steps, data.image_size,
+                                camera=data.camera)
         + [RecordSpec(t, data.libero_episodes, data.seed, data.max_steps, data.image_size, explore_every=0)
            for t in data.libero_tasks],
         "adapt": suite_specs([data.held_out], data.tasks, data.adapt_episodes, data.seed, data.max_steps,
-                             data.image_size),
+                             data.image_size, camera=data.camera),
         "test": suite_specs([data.held_out], data.tasks, data.test_episodes, data.test_seed, data.max_steps,
-                            data.image_size, explore_every=2),
+                            data.image_size, explore_every=2, camera=data.camera),
     }
     out: dict[str, list[Path]] = {}
     for split, specs in plan.items():
@@ -168,7 +169,7 @@ def feature_distance(pred: torch.Tensor, target: torch.Tensor, judge) -> torch.T
     lead = pred.shape[:-3]
     p = judge.codec.patchify(pred.reshape(-1, *pred.shape[-3:]))
     t = judge.codec.patchify(target.reshape(-1, *target.shape[-3:]))
-    fp, ft = judge.idm.embed(p), judge.idm.embed(t)
+    fp, ft = judge.idm.tokens(p), judge.idm.tokens(t)
     for blk in judge.idm.blocks:
         fp, ft = blk(fp), blk(ft)
     return (1 - torch.nn.functional.cosine_similarity(fp, ft, dim=-1).mean(-1)).reshape(lead)
@@ -244,9 +245,12 @@ def linear_probe(model, train_ds, test_ds, seed: int = 0, ridge: float = 1e-2, s
 
     rng = np.random.default_rng(seed)
     shuffled = [fit_score(m_tr[rng.permutation(len(m_tr))]) for _ in range(shuffles)]
-    # per label dim (dx, dy, dz, rx, ry, rz): rotations of a small end effector are barely visible at 48 px
-    per_dim = 1 - ((fit_predict(m_tr) - m_te) ** 2).sum(0) / ((m_te - m_te.mean(0)) ** 2).sum(0)
-    return {"r2": fit_score(m_tr), "r2_shuffled": float(np.mean(shuffled)),
+    # per label dim (dx, dy, dz, rx, ry, rz): rotations of a small end effector are barely visible at 48-64 px
+    pred = fit_predict(m_tr)
+    per_dim = 1 - ((pred - m_te) ** 2).sum(0) / ((m_te - m_te.mean(0)) ** 2).sum(0)
+    t = slice(0, 3)
+    r2_translation = 1 - ((pred[:, t] - m_te[:, t]) ** 2).sum() / ((m_te[:, t] - m_te[:, t].mean(0)) ** 2).sum()
+    return {"r2": fit_score(m_tr), "r2_shuffled": float(np.mean(shuffled)), "r2_translation": float(r2_translation),
             "r2_per_dim": [float(v) for v in per_dim], "train": len(z_tr), "test": len(z_te)}
 
 
@@ -316,26 +320,38 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
         from worldmodels.lacwm.planning import planning_eval
 
         result["planning"] = planning_eval(path, env_id("Reach", data_cfg.held_out), episodes=data_cfg.plan_episodes,
-                                           image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps)
+                                           image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps,
+                                           camera=data_cfg.camera)
     write_json(out / ("eval_scratch.json" if scratch else "eval.json"), result)
     return result
 
 
 # ------------------------------------------------------------------------------------------ scaling
-def scaling(overrides: list[str], counts: list[int], out_root: str) -> dict[str, Any]:
-    """The scaling experiment: LAC-WM vs EAC-WM vs scratch on the held-out embodiment for each count."""
+ARMS = ("lacwm", "eacwm", "scratch")
+
+
+def scaling(overrides: list[str], counts: list[int], out_root: str, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+    """The scaling experiment: LAC-WM vs EAC-WM vs scratch on the held-out embodiment for each count.
+
+    ``arms`` picks a subset, so that the arms can run as separate processes on one data root (record the
+    data first, e.g. with a one-step run, so that two processes do not record the same file); the table goes
+    to ``scaling.json`` (all arms) or ``scaling_<arms>.json``.
+    """
     from core.config import compose
 
     table: dict[str, Any] = {"counts": counts, "rows": []}
     root = Path(out_root)
-    for method in ("lacwm", "eacwm"):
+    name = "scaling.json" if tuple(arms) == ARMS else f"scaling_{'_'.join(arms)}.json"
+    for method in [a for a in ("lacwm", "eacwm") if a in arms]:
         for n in counts:
             cfg = compose([f"experiment={method}", *overrides, f"data.num_pretrain_embodiments={n}",
                            f"out_dir={root / f'{method}_n{n}'}"])
             train(cfg)
             ev = evaluate(cfg, planning=False)
             table["rows"].append(_row(method, n, ev))
-            write_json(root / "scaling.json", table)
+            write_json(root / name, table)
+    if "scratch" not in arms:
+        return table
     cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
     model_cfg, data_cfg, trainer_cfg = configs(cfg)
     files = data_files(data_cfg)
@@ -345,7 +361,7 @@ def scaling(overrides: list[str], counts: list[int], out_root: str) -> dict[str,
     adapt(build_model(dataclasses.replace(model_cfg, action_dims={})), files, data_cfg.held_out, trainer_cfg,
           Path(cfg.out_dir), rc, scratch=True)
     table["rows"].append(_row("scratch", 0, evaluate(cfg, scratch=True, planning=False)))
-    write_json(root / "scaling.json", table)
+    write_json(root / name, table)
     return table
 
 
@@ -363,6 +379,7 @@ def _row(method: str, n: int, ev: dict[str, Any]) -> dict[str, Any]:
     if "probe" in ev:
         row["probe_r2"] = ev["probe"]["r2"]
         row["probe_r2_shuffled"] = ev["probe"]["r2_shuffled"]
+        row["probe_r2_translation"] = ev["probe"].get("r2_translation")
     if "planning" in ev:
         row["plan_success"] = ev["planning"]["model"]["success_rate"]
         row["random_select_success"] = ev["planning"]["random"]["success_rate"]
@@ -394,19 +411,26 @@ def reevaluate(overrides: list[str], counts: list[int], out_root: str, plan: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [overrides]``."""
+    """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [--arms A,B]
+    [overrides]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["scaling", "reeval"])
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", default="outputs/lacwm/scaling")
     parser.add_argument("--plan", action="store_true", help="reeval: also run planning for the largest count")
+    parser.add_argument("--arms", default=",".join(ARMS), help="scaling: comma-separated arms to run (of "
+                        f"{','.join(ARMS)})")
     parser.add_argument("overrides", nargs="*")
     args, extra = parser.parse_known_args(argv)
     overrides = [*args.overrides, *extra]
     if args.what == "reeval":
         table = reevaluate(overrides, args.counts, args.out, plan=args.plan)
     else:
-        table = scaling(overrides, args.counts, args.out)
+        arms = tuple(a for a in args.arms.split(",") if a)
+        bad = [a for a in arms if a not in ARMS]
+        if bad or not arms:
+            parser.error(f"--arms: unknown {bad}; choose from {','.join(ARMS)}")
+        table = scaling(overrides, args.counts, args.out, arms=arms)
     print(json.dumps(table["rows"], indent=1))
     return 0
 

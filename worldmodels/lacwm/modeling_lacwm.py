@@ -9,9 +9,13 @@ end-effector motion (auxiliary loss); cross-augmentation feeds the IDM view A1 a
 A2 view. EAC-WM replaces the IDM by one explicit-action encoder per embodiment. Adaptation adds an
 action projector a -> z (LAC) or a new action encoder (EAC), plus LoRA (``adaptation.py``).
 
-Deviations: the frame encoder is the pixel-patch space (``PatchCodec``; no V-JEPA2 weights here), so the
-FDM predicts pixels (residual on the current frame) and PSNR / SSIM are measured in pixel space; models
-are tiny (48 px, width 128) and train on CPU.
+Deviations: no V-JEPA2 weights here, so the FDM works in the pixel-patch space (``PatchCodec``; it predicts
+pixels as a residual on the current frame, and PSNR / SSIM are measured in pixel space) and the IDM's frame
+encoder is a small conv encoder trained with the model (``ConvFrameEmbed``; a frozen timm ViT plugs in by
+local path). The IDM encodes each frame with its difference to the previous frame (``idm_frame_diff``), which
+puts the motion into the tokens where it happens: with a few thousand transitions and plain tokens, the
+pretraining motion loss stayed near its variance (README of this folder). Models are tiny (64 px, width 64)
+and train on CPU.
 
 Tensors: frames are (B, 3, H, W) uint8 RGB (upright) on input, float in [-1, 1] inside; windows are
 (B, K+1, 3, H, W) for K transitions; z is (B, latent_dim) float32; motion (B, 6) is the end-effector
@@ -107,6 +111,35 @@ class PretrainedFrameEncoder(nn.Module):
             return self.net.forward_features((x - self.mean) / self.std)[:, self.prefix:]
 
 
+class ConvFrameEmbed(nn.Module):
+    """A small trained conv encoder: patches (B, N, p*p*c_in) -> (B, N, C) tokens on the same grid.
+
+    ``log2(patch_size)`` stride-2 4x4 convolutions (channels 32, 64, ... up to ``width``) over the image
+    rebuilt from the patches, plus a learned position embedding. ``in_channels`` is 3 (a frame) or 6 (a
+    frame and its difference to the previous frame).
+    """
+
+    def __init__(self, image_size: int, patch_size: int, width: int, in_channels: int = 3):
+        super().__init__()
+        stages = int(round(np.log2(patch_size)))
+        if 2**stages != patch_size:
+            raise ValueError(f"conv frame encoder needs a power-of-two patch_size, got {patch_size}")
+        self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+        chans = [in_channels] + [min(width, 32 * 2**i) for i in range(stages - 1)] + [width]
+        layers: list[nn.Module] = []
+        for i in range(stages):
+            layers += [nn.Conv2d(chans[i], chans[i + 1], 4, 2, 1), nn.GroupNorm(min(8, chans[i + 1]), chans[i + 1])]
+            if i < stages - 1:
+                layers.append(nn.SiLU())
+        self.net = nn.Sequential(*layers)
+        self.pos = nn.Parameter(torch.randn(1, (image_size // patch_size) ** 2, width) * 0.02)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        b, p, g = patches.shape[0], self.patch_size, self.image_size // self.patch_size
+        x = patches.reshape(b, g, g, p, p, self.in_channels).permute(0, 5, 1, 3, 2, 4).reshape(b, -1, g * p, g * p)
+        return self.net(x).flatten(2).transpose(1, 2) + self.pos
+
+
 class TokenEmbed(nn.Module):
     """Frozen encoder tokens (B, N', D) -> (B, N', C) with a learned position embedding."""
 
@@ -124,15 +157,22 @@ class TokenEmbed(nn.Module):
 class InverseDynamics(nn.Module):
     """(x_t, x_t+1) -> z_t: causal self-attention over the two frames' tokens, then one learned query.
 
-    Frame tokens come from the pixel patches (``FrameEmbed``) or a frozen pretrained encoder
-    (``config.encoder = "timm:<name>"``, weights from ``config.encoder_path``).
+    Frame tokens come from the pixel patches (``encoder="pixels"``: ``FrameEmbed``), a small conv encoder
+    trained with the model (``"conv"``: ``ConvFrameEmbed``) or a frozen pretrained encoder
+    (``"timm:<name>"``, weights from ``config.encoder_path``). With ``config.idm_frame_diff`` (pixels / conv)
+    each frame is encoded together with its difference to the previous frame (zero for x_t), so that frame
+    t+1's tokens carry the motion at their own position; the frame-causal mask is unchanged.
     """
 
     def __init__(self, cfg: LACWMConfig, patch_dim: int):
         super().__init__()
         n, c = cfg.num_patches, cfg.width
+        self.diff = cfg.idm_frame_diff and cfg.encoder in ("pixels", "conv")
+        mult = 2 if self.diff else 1
         if cfg.encoder == "pixels":
-            self.embed = FrameEmbed(patch_dim, n, c)
+            self.embed = FrameEmbed(patch_dim * mult, n, c)
+        elif cfg.encoder == "conv":
+            self.embed = ConvFrameEmbed(cfg.image_size, cfg.patch_size, c, 3 * mult)
         else:
             codec = PatchCodec(cfg.image_size, cfg.patch_size)
             self.embed = TokenEmbed(PretrainedFrameEncoder(cfg.encoder.removeprefix("timm:"), cfg.encoder_path,
@@ -149,10 +189,21 @@ class InverseDynamics(nn.Module):
         causal[:n, n:] = False
         self.register_buffer("mask", causal, persistent=False)
 
+    def tokens(self, p: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """Frame tokens (B, N, C) of patches ``p`` (B, N, P), with the difference to ``prev`` (None: zero)
+        when the IDM uses frame differences."""
+        if not self.diff:
+            return self.embed(p)
+        d = torch.zeros_like(p) if prev is None else p - prev
+        if isinstance(self.embed, ConvFrameEmbed):  # channels last inside each patch: (.., p*p, 3) -> (.., p*p, 6)
+            b, n, _ = p.shape
+            return self.embed(torch.cat([p.view(b, n, -1, 3), d.view(b, n, -1, 3)], -1).flatten(2))
+        return self.embed(torch.cat([p, d], -1))
+
     def forward(self, p0: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
         """(B, N, P) patches of x_t and x_t+1 -> (B, latent_dim)."""
         b = p0.shape[0]
-        tok = torch.stack([self.embed(p0), self.embed(p1)], 1) + self.frame_emb  # (B, 2, N, C)
+        tok = torch.stack([self.tokens(p0), self.tokens(p1, p0)], 1) + self.frame_emb  # (B, 2, N, C)
         tok = tok.flatten(1, 2)  # (B, 2N, C)
         for blk in self.blocks:
             tok = blk(tok, attn_mask=self.mask)
@@ -347,7 +398,7 @@ class LACWorldModel(WorldModel):
 
     def lora_parts(self) -> list[nn.Module]:
         parts = [self.idm.blocks, self.idm.pool, self.fdm]
-        if isinstance(self.idm.embed, FrameEmbed):  # never inside a frozen pretrained encoder
+        if isinstance(self.idm.embed, FrameEmbed):  # never inside a frozen pretrained encoder (conv: no LoRA names)
             parts.insert(0, self.idm.embed)
         return parts
 

@@ -26,15 +26,16 @@ log = get_logger("embodied.lacwm")
 class ExpertGoal:
     """Goal image per episode seed: the last frame of a noise-free expert rollout in a shadow env."""
 
-    def __init__(self, env_id: str, image_size: int, max_steps: int = 30):
+    def __init__(self, env_id: str, image_size: int, max_steps: int = 30, camera: str | None = None):
         self.env_id, self.image_size, self.max_steps = env_id, image_size, max_steps
+        self.env_kwargs = {"image_size": image_size, **({"camera": camera} if camera else {})}
         self._env = None
 
     def __call__(self, seed: int | None) -> np.ndarray:
         import gymnasium as gym
 
         if self._env is None:
-            self._env = gym.make(self.env_id, image_size=self.image_size)
+            self._env = gym.make(self.env_id, **self.env_kwargs)
         obs, info = self._env.reset(seed=seed)
         expert = self._env.unwrapped.make_expert(noise=0.0, seed=seed)
         expert.reset(seed)
@@ -127,12 +128,17 @@ def load_planner_policy(checkpoint, env, select: str = "model", num_candidates: 
     """``POLICIES`` factory: a planner on an adapted LAC-WM / EAC-WM checkpoint for ``env``.
 
     The checkpoint must hold a projector / encoder for the env's embodiment; the goal comes from
-    ``ExpertGoal`` on the same env id.
+    ``ExpertGoal`` on the same env id and camera; the env must render the camera the model was trained on.
     """
     from core.errors import CheckpointError
     from worldmodels.lacwm.experiments import load_model
 
-    model, _ = load_model(checkpoint)
+    model, config = load_model(checkpoint)
+    trained_camera = (config.get("data") or {}).get("camera")
+    camera = getattr(env.unwrapped, "camera", None)
+    if trained_camera and camera != trained_camera:
+        raise CheckpointError(f"{checkpoint}: the world model was trained on {trained_camera!r} camera frames, the env "
+                              f"renders {camera!r} (pass --camera {trained_camera})")
     emb = env.unwrapped.metadata.get("embodiment", "")
     try:
         enc = model.action_encoder(emb)
@@ -142,12 +148,13 @@ def load_planner_policy(checkpoint, env, select: str = "model", num_candidates: 
     if env.action_space.shape != (need,):
         raise CheckpointError(f"{checkpoint}: world model takes {need}-d actions, the env has {env.action_space.shape}")
     size = env.observation_space["image"].shape[0]
-    goal = ExpertGoal(env.spec.id, size)
+    goal = ExpertGoal(env.spec.id, size, camera=getattr(env.unwrapped, "camera", None))
     return CandidateSelectionPlanner(model, emb, env, goal, num_candidates, horizon, select=select)
 
 
 def planning_eval(checkpoint, env_id: str, episodes: int = 4, seed: int = 2000, image_size: int = 48,
-                  max_steps: int = 30, num_candidates: int = 16, horizon: int = 4) -> dict[str, Any]:
+                  max_steps: int = 30, num_candidates: int = 16, horizon: int = 4,
+                  camera: str | None = None) -> dict[str, Any]:
     """Success rate of model-based vs random candidate selection on ``env_id`` (same seeds, same proposals)."""
     import functools
 
@@ -157,7 +164,8 @@ def planning_eval(checkpoint, env_id: str, episodes: int = 4, seed: int = 2000, 
     for select in ("model", "random"):
         factory = functools.partial(load_planner_policy, checkpoint, select=select, num_candidates=num_candidates,
                                     horizon=horizon)
-        rc = RolloutConfig(env_id=env_id, episodes=episodes, seed=seed, env_kwargs={"image_size": image_size},
+        kwargs = {"image_size": image_size, **({"camera": camera} if camera else {})}
+        rc = RolloutConfig(env_id=env_id, episodes=episodes, seed=seed, env_kwargs=kwargs,
                            max_episode_steps=max_steps, progress=False)
         s = rollout(rc, policy=factory).summary
         out[select] = {k: s[k] for k in ("success_rate", "mean_return", "mean_length")}

@@ -52,14 +52,15 @@ def test_bad_inputs_fail_clearly(tmp_path):
 
 
 def test_cached_recording_with_other_settings_is_refused(tmp_path):
-    """The recording cache is keyed by env id: a file of another image size / episode count must not be reused."""
+    """The recording cache is keyed by env id: a file of another image size / episode count / camera must not be
+    reused."""
     from core.errors import ConfigError
     from worldmodels.lacwm.data import RecordSpec, check_cached, record_file
 
     _write(tmp_path / "embodied_Reach-ArmA-v0.hdf5", "ArmA", 3)  # 2 episodes (10, 7 steps) of 8 px frames
     ok = RecordSpec("embodied/Reach-ArmA-v0", episodes=2, seed=0, max_steps=10, image_size=8)
     assert record_file(ok, tmp_path) == tmp_path / "embodied_Reach-ArmA-v0.hdf5"  # cache hit, nothing recorded
-    for bad in ({"image_size": 16}, {"episodes": 4}, {"max_steps": 5}):
+    for bad in ({"image_size": 16}, {"episodes": 4}, {"max_steps": 5}, {"camera": "workspace"}):
         spec = RecordSpec(**{**ok.__dict__, **bad})
         with pytest.raises(ConfigError, match="new data.root"):
             check_cached(spec, tmp_path / "embodied_Reach-ArmA-v0.hdf5")

@@ -116,6 +116,38 @@ def test_probe_is_high_on_real_labels_and_near_zero_on_shuffled():
     assert r["r2"] > 0.95
     assert abs(r["r2_shuffled"]) < 0.1
     assert len(r["r2_per_dim"]) == 6 and min(r["r2_per_dim"]) > 0.9
+    assert r["r2_translation"] > 0.9
+
+
+def test_conv_frame_encoder_sees_the_image_the_patches_came_from():
+    """ConvFrameEmbed rebuilds the image from the patch layout: equal to the convolution of the image itself."""
+    from worldmodels.lacwm.modeling_lacwm import ConvFrameEmbed, PatchCodec
+
+    torch.manual_seed(0)
+    codec, enc = PatchCodec(16, 4), ConvFrameEmbed(16, 4, 24, in_channels=3)
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    want = enc.net(x).flatten(2).transpose(1, 2) + enc.pos
+    torch.testing.assert_close(enc(codec.patchify(x)), want)
+    with pytest.raises(ValueError, match="power-of-two"):
+        ConvFrameEmbed(18, 6, 24)
+
+
+@pytest.mark.parametrize("encoder", ["pixels", "conv"])
+def test_idm_frame_difference_input_is_causal_and_carries_motion(encoder):
+    """x_t's tokens see x_t alone (zero difference); x_t+1's tokens see the change; a still pair differs from a
+    moved one only through that change."""
+    torch.manual_seed(0)
+    model = LACWorldModel(LACWMConfig(**TINY, encoder=encoder, idm_frame_diff=True)).eval()
+    idm, codec = model.idm, model.codec
+    x0 = torch.rand(2, 3, 16, 16) * 2 - 1
+    x1 = torch.roll(x0, 2, dims=-1)  # the scene moved 2 px
+    p0, p1 = codec.patchify(x0), codec.patchify(x1)
+    torch.testing.assert_close(idm.tokens(p0), idm.tokens(p0, p0))  # no previous frame == no change
+    assert not torch.allclose(idm.tokens(p1, p0), idm.tokens(p1))  # the change reaches frame t+1's tokens
+    with torch.no_grad():
+        assert not torch.allclose(idm(p0, p1), idm(p0, p0))
+    plain = LACWorldModel(LACWMConfig(**TINY, encoder=encoder, idm_frame_diff=False)).idm
+    assert plain.embed.pos.shape == idm.embed.pos.shape and plain.diff is False and idm.diff is True
 
 
 def test_metrics_order_and_identity():
@@ -169,6 +201,34 @@ def test_adapted_checkpoint_round_trips(tmp_path):
     loaded, _ = load_model(tmp_path / "ck")
     b = _batch(a=7)
     assert torch.equal(loaded(b["frames"], b["actions"], "Hand"), model.eval()(b["frames"], b["actions"], "Hand"))
+
+
+def test_planner_refuses_an_env_rendering_another_camera(tmp_path):
+    """A world model trained on workspace-camera frames must not plan on agentview frames (silently wrong)."""
+    import gymnasium as gym
+
+    import sim
+    from core.checkpoint import save_checkpoint
+    from core.errors import CheckpointError
+    from worldmodels.lacwm.planning import load_planner_policy
+
+    sim.register_envs()
+    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 1})), "Panda+InspireHand", 12)
+    save_checkpoint(tmp_path / "ck", model, {"model": dataclasses.asdict(model.config), "data": {"camera": "workspace"}})
+    env = gym.make("embodied/Reach-PandaInspireHand-v0", image_size=32)
+    try:
+        with pytest.raises(CheckpointError, match="--camera workspace"):
+            load_planner_policy(tmp_path / "ck", env)
+    finally:
+        env.close()
+    env = gym.make("embodied/Reach-PandaInspireHand-v0", image_size=32, camera="workspace")
+    try:
+        planner = load_planner_policy(tmp_path / "ck", env, num_candidates=4, horizon=2)
+        obs, info = env.reset(seed=0)
+        planner.reset(0)
+        assert env.action_space.contains(planner.act(obs, info)) and planner.decisions == 1
+    finally:
+        env.close()
 
 
 def _moving_square(n: int, k: int, seed: int) -> list[dict[str, torch.Tensor]]:
