@@ -26,7 +26,7 @@ log = get_logger("embodied.lacwm")
 class ExpertGoal:
     """Goal image per episode seed: the last frame of a noise-free expert rollout in a shadow env."""
 
-    def __init__(self, env_id: str, image_size: int, max_steps: int = 30, camera: str | None = None):
+    def __init__(self, env_id: str, image_size: int, max_steps: int = 60, camera: str | None = None):
         self.env_id, self.image_size, self.max_steps = env_id, image_size, max_steps
         self.env_kwargs = {"image_size": image_size, **({"camera": camera} if camera else {})}
         self._env = None

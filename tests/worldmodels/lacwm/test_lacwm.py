@@ -119,6 +119,17 @@ def test_probe_is_high_on_real_labels_and_near_zero_on_shuffled():
     assert r["r2_translation"] > 0.9
 
 
+def test_probe_penalty_is_cross_validated_per_label_dim():
+    """A predictable dim gets a small penalty, a pure-noise dim the largest (R^2 ~0, not an overfit negative)."""
+    from worldmodels.lacwm.experiments import RIDGES, _ridge_cv
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 16))
+    y = np.c_[x @ rng.normal(size=16) + 0.1 * rng.normal(size=200), rng.normal(size=200)]
+    lam = _ridge_cv(x, y)
+    assert lam[0] <= 1.0 and lam[1] == max(RIDGES)
+
+
 def test_conv_frame_encoder_sees_the_image_the_patches_came_from():
     """ConvFrameEmbed rebuilds the image from the patch layout: equal to the convolution of the image itself."""
     from worldmodels.lacwm.modeling_lacwm import ConvFrameEmbed, PatchCodec
@@ -309,3 +320,22 @@ def test_pretrained_frame_encoder_plugs_in_by_path(tmp_path):
     assert model.idm.embed.proj.weight.grad is not None and enc.patch_embed.proj.weight.grad is None
     with pytest.raises(Exception, match="enc_missing"):
         LACWorldModel(dataclasses.replace(cfg, encoder_path=str(tmp_path / "enc_missing.safetensors")))
+
+
+def test_markdown_tables_have_every_run_and_the_planning_arms():
+    from worldmodels.lacwm.experiments import markdown
+
+    roll = {arm: {"psnr": [20.0, 18.0], "ssim": [0.8, 0.7]} for arm in ("model", "shuffled", "copy_last")}
+    plan = {"episodes": 4, "model": {"success_rate": 0.5, "mean_return": -1.0},
+            "random": {"success_rate": 0.25, "mean_return": -2.0}}
+    row = {"psnr@1": 20.0, "psnr@8": 18.0, "psnr_mean": 19.0, "ssim_mean": 0.75, "shuffled_psnr_mean": 18.5,
+           "copy_last_psnr_mean": 18.0}
+    rows = [{**row, "method": m, "pretrain_embodiments": n} for m in ("lacwm", "eacwm") for n in (1, 2)]
+    rows.append({**row, "method": "scratch", "pretrain_embodiments": 0})
+    full = {"lacwm_n2": {"rollout": roll, "planning": plan}, "lacwm_n1": {"rollout": roll},
+            "scratch": {"rollout": roll}}
+    md = markdown({"rows": rows, "full": full}).splitlines()
+    assert sum(line.startswith("| lacwm |") for line in md) == 2 and sum("| scratch | 0 |" in line for line in md) == 1
+    horizon = {line.split(" |")[0] for line in md if line.endswith("| 20.00 | 18.00 |")}  # PSNR vs horizon rows
+    assert horizon == {"| lacwm_n2 model", "| lacwm_n2 shuffled", "| lacwm_n2 copy_last", "| scratch model"}
+    assert "| lacwm_n2 | 4 | 0.50 | 0.25 | -1.00 | -2.00 |" in md
