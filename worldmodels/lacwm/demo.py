@@ -37,7 +37,8 @@ def demo_section(ctx: DemoContext) -> DemoSection:
                            body="", figures={})
     cfg = next(iter(models.values())).config
     camera = (next(iter(loaded.values()))[1].get("data") or {}).get("camera")  # the frames it was trained on
-    env_kwargs = {"image_size": cfg.image_size, **({"camera": camera} if camera else {})}
+    # the whole 45 steps even after the target is reached: the window below needs 6 x frame_skip + 1 steps
+    env_kwargs = {"image_size": cfg.image_size, "terminate_on_success": False, **({"camera": camera} if camera else {})}
     rec = record_rollout(RolloutConfig(env_id=HELD_OUT_ENV, episodes=1, seed=ctx.seed + 900, policy="scripted",
                                        noise=0.1, env_kwargs=env_kwargs, max_episode_steps=45,
                                        progress=False), ctx.path("lacwm", "real"), video=False)

@@ -422,8 +422,8 @@ def _row(method: str, n: int, ev: dict[str, Any]) -> dict[str, Any]:
 
 
 def reevaluate(overrides: list[str], counts: list[int], out_root: str, plan: bool = False) -> dict[str, Any]:
-    """Evaluate every finished run of a sweep again (current metrics; planning on the largest count when
-    ``plan``); writes ``<out_root>/reeval.json`` with the table rows and the full evaluations."""
+    """Evaluate every finished run of a sweep again (current metrics; planning on the largest count and the
+    scratch arm when ``plan``); writes ``<out_root>/reeval.json`` with the table rows and the full evaluations."""
     from core.config import compose
 
     root = Path(out_root)
@@ -438,7 +438,7 @@ def reevaluate(overrides: list[str], counts: list[int], out_root: str, plan: boo
                 rows.append(_row(method, n, ev))
     if (root / "scratch" / "scratch_model").exists():
         cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
-        full["scratch"] = ev = evaluate(cfg, scratch=True, planning=False)
+        full["scratch"] = ev = evaluate(cfg, scratch=True, planning=plan)
         rows.append(_row("scratch", 0, ev))
     table = {"rows": rows, "full": full}
     write_json(root / "reeval.json", table)

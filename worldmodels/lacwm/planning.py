@@ -62,10 +62,14 @@ class CandidateSelectionPlanner:
         num_candidates, horizon: Candidates per decision and transitions imagined per candidate.
         select: ``"model"`` (closest imagined end frame) or ``"random"``.
         noise: Std of the Gaussian noise on expert-held proposals (normalised action units).
+        expert_fraction: Share of the candidates proposed by the (noisy) expert; the rest are random walks.
+        score_pool: Average-pool factor applied to the imagined and goal frames before their squared distance
+            (1: raw pixels). Pooling compares where things are rather than their sharpness: imagined frames
+            blur with the horizon, and on raw pixels a blurry frame can be closer to any goal than a sharp one.
     """
 
     def __init__(self, model, embodiment: str, env: Any, goal_fn, num_candidates: int = 16, horizon: int = 4,
-                 select: str = "model", noise: float = 0.4):
+                 select: str = "model", noise: float = 0.4, expert_fraction: float = 0.5, score_pool: int = 1):
         if select not in ("model", "random"):
             raise ValueError(f"select must be 'model' or 'random', got {select!r}")
         self.model = model.eval()
@@ -74,6 +78,7 @@ class CandidateSelectionPlanner:
         self.space = env.action_space
         self.skip = model.config.frame_skip
         self.n, self.h, self.select, self.noise = num_candidates, horizon, select, noise
+        self.expert_fraction, self.score_pool = expert_fraction, score_pool
         make = getattr(env.unwrapped, "make_expert", None)
         self.expert = make(noise=0.0) if make is not None else None
         self.rng = np.random.default_rng(0)
@@ -94,7 +99,7 @@ class CandidateSelectionPlanner:
         a_dim = self.space.shape[0]
         lo, hi = self.space.low, self.space.high
         out = np.empty((self.n, self.h, self.skip, a_dim), np.float32)
-        n_exp = self.n // 2 if self.expert is not None else 0
+        n_exp = int(round(self.n * self.expert_fraction)) if self.expert is not None else 0
         if n_exp:
             base = np.asarray(self.expert.act(obs, info), np.float32)
             out[:n_exp] = base + self.noise * self.rng.normal(size=(n_exp, 1, 1, a_dim))
@@ -109,8 +114,12 @@ class CandidateSelectionPlanner:
         """Pixel MSE between each candidate's imagined last frame and the goal: (N,), lower is better."""
         x = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].expand(len(cands), -1, -1, -1)
         acts = torch.from_numpy(cands.reshape(len(cands), self.h, -1))
-        imagined = self.model.imagine(x, self.encoder(acts))
-        return ((imagined[:, -1] - self.goal) ** 2).flatten(1).mean(1).numpy()
+        imagined = self.model.imagine(x, self.encoder(acts))[:, -1]
+        goal = self.goal
+        if self.score_pool > 1:
+            imagined = torch.nn.functional.avg_pool2d(imagined, self.score_pool)
+            goal = torch.nn.functional.avg_pool2d(goal, self.score_pool)
+        return ((imagined - goal) ** 2).flatten(1).mean(1).numpy()
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         if not self._queue:
