@@ -481,6 +481,30 @@ def markdown(table: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def seed_markdown(tables: list[dict[str, Any]]) -> str:
+    """Scaling table over several seeds' ``reeval.json`` (one per seed): per-seed PSNR 1-8 and probe, and means."""
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for t in tables:
+        for r in t["rows"]:
+            rows.setdefault((r["method"], r["pretrain_embodiments"]), []).append(r)
+
+    def mean(rs, k):
+        return float(np.mean([r[k] for r in rs]))
+
+    out = ["| method | pretrain emb. | PSNR 1-8 per seed | mean | shuffled (mean) | copy-last | PSNR@1 (mean) | "
+           "PSNR@8 (mean) | SSIM (mean) | probe R2 trans. per seed | shuffled R2 (mean) |", "|" + "---|" * 11]
+    for key in sorted(rows, key=lambda k: (ARMS.index(k[0]), k[1])):
+        rs = rows[key]
+        probe = " / ".join(f"{r['probe_r2_translation']:.2f}" for r in rs) if rs[0].get("probe_r2_translation") \
+            is not None else "–"
+        shuf = f"{mean(rs, 'probe_r2_shuffled'):.2f}" if "probe_r2_shuffled" in rs[0] else "–"
+        out.append(f"| {key[0]} | {key[1]} | " + " / ".join(f"{r['psnr_mean']:.2f}" for r in rs)
+                   + f" | **{mean(rs, 'psnr_mean'):.2f}** | {mean(rs, 'shuffled_psnr_mean'):.2f} | "
+                   f"{mean(rs, 'copy_last_psnr_mean'):.2f} | {mean(rs, 'psnr@1'):.2f} | {mean(rs, 'psnr@8'):.2f} | "
+                   f"{mean(rs, 'ssim_mean'):.3f} | {probe} | {shuf} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [--arms A,B]
     [overrides]``."""
@@ -489,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", default="outputs/lacwm/scaling")
     parser.add_argument("--plan", action="store_true", help="reeval: also run planning for the largest count")
+    parser.add_argument("--seeds", nargs="+", default=None,
+                        help="table: sweep folders of other seeds (the same sweep, other trainer.seed) to average with --out")
     parser.add_argument("--arms", default=",".join(ARMS), help="scaling: comma-separated arms to run (of "
                         f"{','.join(ARMS)})")
     parser.add_argument("overrides", nargs="*")
@@ -497,7 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "table":  # markdown of a finished reeval.json
         from core.io import read_json
 
-        print(markdown(read_json(Path(args.out) / "reeval.json")))
+        table = read_json(Path(args.out) / "reeval.json")
+        print(markdown(table))
+        if args.seeds:
+            print("\n" + seed_markdown([table, *(read_json(Path(d) / "reeval.json") for d in args.seeds)]))
         return 0
     if args.what == "reeval":
         table = reevaluate(overrides, args.counts, args.out, plan=args.plan)
