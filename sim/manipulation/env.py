@@ -136,7 +136,7 @@ class ManipulationEnv(gym.Env):
         self._model: mujoco.MjModel = self._rs.sim.model._model
         self._data: mujoco.MjData = self._rs.sim.data._data
         self._eef_site = self._robot.eef_site_id["right"]
-        self._camera_handle()  # an unknown camera name fails here, not at the first render
+        self._camera = self._camera_handle()  # once: an unknown camera name fails here, not at the first render
         self._arm_qpos = np.asarray(self._robot._ref_joint_pos_indexes)
         self._arm_dofs = np.asarray(self._robot._ref_joint_vel_indexes)
         gripper = self._robot.gripper["right"]
@@ -469,5 +469,5 @@ class ManipulationEnv(gym.Env):
                 self._renderer.close()
             self._model.vis.quality.shadowsize = 1024  # 3-4x faster than robosuite's 4096, same look at <=256 px
             self._renderer = mujoco.Renderer(self._model, size, size)
-        self._renderer.update_scene(self._data, camera=self._camera_handle())
+        self._renderer.update_scene(self._data, camera=self._camera)
         return self._renderer.render().copy()

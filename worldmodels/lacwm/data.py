@@ -13,7 +13,6 @@ an anchor step ``t`` and ``K = context`` transitions of ``skip`` control steps e
     ``motion``       (K, 6) float32, end-effector motion of each transition: summed ``obs/eef_delta``
                      (dx, dy, dz in m and an axis-angle rotation in rad, world frame)
     ``actions``      (K, skip * A) float32, the raw env actions of each transition, concatenated in time
-    ``pair_valid``   (K,) bool, False for transitions that would start before the episode
     ``embodiment_id``() int64, index into ``TransitionDataset.embodiments``
 """
 
@@ -287,7 +286,6 @@ class TransitionDataset(Dataset):
             "frames": frames,
             "motion": eef.sum(1).float(),
             "actions": acts,
-            "pair_valid": torch.ones(K, dtype=torch.bool),
             "embodiment_id": torch.tensor(self.embodiments.index(info.embodiment), dtype=torch.int64),
         }
 

@@ -142,10 +142,14 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
 
 
 # ------------------------------------------------------------------------------------------- metrics
+def psnr_from_mse(mse: torch.Tensor) -> torch.Tensor:
+    """PSNR in dB of a mean squared error of images in [-1, 1] (peak-to-peak 2)."""
+    return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
+
+
 def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """PSNR in dB per leading index for images in [-1, 1]: (..., 3, H, W) -> (...)."""
-    mse = ((pred - target) ** 2).flatten(-3).mean(-1).clamp_min(1e-10)
-    return 10 * torch.log10(4.0 / mse)
+    return psnr_from_mse(((pred - target) ** 2).flatten(-3).mean(-1))
 
 
 def ssim(pred: torch.Tensor, target: torch.Tensor, window: int = 7) -> torch.Tensor:
@@ -203,7 +207,7 @@ def rollout_error(model, ds, embodiment: str, horizon: int = 8, max_samples: int
     out: dict[str, Any] = {"samples": len(idx), "horizon": horizon}
     for name, pred in arms.items():
         mse = ((pred - target) ** 2).flatten(2).mean(-1).mean(0)  # (T,): mean over windows, then PSNR
-        row = {"psnr": (10 * torch.log10(4.0 / mse.clamp_min(1e-10))).tolist(),
+        row = {"psnr": psnr_from_mse(mse).tolist(),
                "ssim": ssim(pred, target).mean(0).tolist()}
         if judge is not None:
             row["feature_distance"] = feature_distance(pred, target, judge).mean(0).tolist()
@@ -269,8 +273,9 @@ def linear_probe(model, train_ds, test_ds, seed: int = 0, shuffles: int = 10) ->
     mu, sd = m_tr.mean(0), m_tr.std(0) + 1e-9
     m_tr, m_te = (m_tr - mu) / sd, (m_te - mu) / sd
 
-    def predict(labels):
-        return np.c_[z_te, np.ones(len(z_te))] @ _ridge_fit(z_tr, labels, _ridge_cv(z_tr, labels))
+    def predict(labels, ridge=None):
+        ridge = _ridge_cv(z_tr, labels) if ridge is None else ridge
+        return np.c_[z_te, np.ones(len(z_te))] @ _ridge_fit(z_tr, labels, ridge)
 
     def r2(pred, dims=slice(None)):
         p, t = pred[:, dims], m_te[:, dims]
@@ -278,11 +283,12 @@ def linear_probe(model, train_ds, test_ds, seed: int = 0, shuffles: int = 10) ->
 
     rng = np.random.default_rng(seed)
     shuffled = [r2(predict(m_tr[rng.permutation(len(m_tr))])) for _ in range(shuffles)]
-    pred = predict(m_tr)
+    ridge = _ridge_cv(z_tr, m_tr)
+    pred = predict(m_tr, ridge)
     # rotations of a small end effector are barely visible at 48-64 px: translation is reported on its own
     per_dim = [r2(pred, slice(j, j + 1)) for j in range(m_te.shape[1])]
     return {"r2": r2(pred), "r2_shuffled": float(np.mean(shuffled)), "r2_translation": r2(pred, slice(0, 3)),
-            "r2_per_dim": per_dim, "ridge": _ridge_cv(z_tr, m_tr).tolist(), "train": len(z_tr), "test": len(z_te)}
+            "r2_per_dim": per_dim, "ridge": ridge.tolist(), "train": len(z_tr), "test": len(z_te)}
 
 
 # ------------------------------------------------------------------------------------------ tasks

@@ -308,9 +308,13 @@ def random_view(x: torch.Tensor, shift: int, color: float, generator: torch.Gene
     out = x
     if shift > 0:
         pad = F.pad(x.reshape(b, t * c, h, w), (shift,) * 4, mode="replicate")
-        dx = torch.randint(0, 2 * shift + 1, (b,), generator=generator).tolist()
-        dy = torch.randint(0, 2 * shift + 1, (b,), generator=generator).tolist()
-        out = torch.stack([pad[i, :, dy[i]: dy[i] + h, dx[i]: dx[i] + w] for i in range(b)]).view(b, t, c, h, w)
+        dx = torch.randint(0, 2 * shift + 1, (b,), generator=generator).to(dev)
+        dy = torch.randint(0, 2 * shift + 1, (b,), generator=generator).to(dev)
+        rows = (dy[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (B, 1, H, 1)
+        cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (B, 1, 1, W)
+        batch = torch.arange(b, device=dev)[:, None, None, None]
+        chan = torch.arange(t * c, device=dev)[None, :, None, None]
+        out = pad[batch, chan, rows, cols].view(b, t, c, h, w)  # one crop per window, no Python loop
     if color > 0:
         gain = 1 + color * (2 * torch.rand(b, 1, 3, 1, 1, generator=generator) - 1)
         bias = color * (2 * torch.rand(b, 1, 1, 1, 1, generator=generator) - 1)

@@ -170,7 +170,7 @@ def _eef_in_frame(env: gym.Env, steps: int = 30) -> float:
     for _ in range(steps):
         a = np.clip(0.8 * a + 0.5 * rng.normal(size=a.shape), -1, 1)
         env.step(a.astype(np.float32))
-        u._renderer.update_scene(u._data, camera=u._camera_handle())
+        u._renderer.update_scene(u._data, camera=u._camera)
         cam = u._renderer.scene.camera[0]
         fwd, up = np.asarray(cam.forward), np.asarray(cam.up)
         v = u.eef_pose()[0] - np.asarray(cam.pos)

@@ -23,7 +23,7 @@ def _batch(b: int = 3, k: int = 1, a: int = 5, seed: int = 0) -> dict[str, torch
     g = torch.Generator().manual_seed(seed)
     return {"frames": torch.randint(0, 256, (b, k + 1, 3, 16, 16), generator=g, dtype=torch.uint8),
             "motion": torch.randn(b, k, 6, generator=g), "actions": torch.randn(b, k, a, generator=g),
-            "embodiment_id": torch.zeros(b, dtype=torch.int64), "pair_valid": torch.ones(b, k, dtype=torch.bool)}
+            "embodiment_id": torch.zeros(b, dtype=torch.int64)}
 
 
 class TestLACWM(ModelChecks):
@@ -85,6 +85,15 @@ def test_random_view_is_one_augmentation_per_window():
     v = random_view(x, shift=3, color=0.2, generator=torch.Generator().manual_seed(1))
     assert torch.equal(v[:, 0], v[:, 1])  # identical frames stay identical: same shift / colour per window
     assert not torch.equal(v, x)
+    # each window is exactly one crop of the replicate-padded window (the draws: dx then dy per sample)
+    g = torch.Generator().manual_seed(5)
+    crops = random_view(x, shift=3, color=0.0, generator=g)
+    g = torch.Generator().manual_seed(5)
+    dx, dy = torch.randint(0, 7, (2,), generator=g), torch.randint(0, 7, (2,), generator=g)
+    pad = torch.nn.functional.pad(x.reshape(2, 9, 16, 16), (3,) * 4, mode="replicate")
+    for i in range(2):
+        want = pad[i, :, dy[i]: dy[i] + 16, dx[i]: dx[i] + 16].reshape(3, 3, 16, 16)
+        assert torch.equal(crops[i], want)
 
 
 class _FakeProbeModel:
