@@ -139,8 +139,12 @@ def _method_config(args):
             raise NotBuiltError(f"method {args.method!r} ({methods.PLANNED[args.method][0]}) is not built yet")
         known = ", ".join(METHODS.names()) or "none yet"
         raise ConfigError(f"unknown method {args.method!r} (built: {known})")
-    extra = [f"data.rotate={args.rotate}"] if getattr(args, "rotate", None) else []
-    cfg = compose([f"experiment={args.method}", *args.overrides, *extra])
+    cfg = compose([f"experiment={args.method}", *args.overrides])
+    if getattr(args, "rotate", None):
+        if "rotate" not in (cfg.get("data") or {}):
+            raise ConfigError(f"--rotate: method {args.method!r} has no rotated evaluation (its data config has no "
+                              "'rotate'; spherical methods do)")
+        cfg = compose([f"experiment={args.method}", *args.overrides, f"data.rotate={args.rotate}"])
     return METHODS.get(args.method), cfg
 
 

@@ -52,7 +52,7 @@ class OptimConfig:
     param_group_lrs: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
-        _choice("optim.name", self.name, _OPTIMIZERS)
+        choice("optim.name", self.name, _OPTIMIZERS)
         _positive("optim.lr", self.lr)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
@@ -69,7 +69,7 @@ class SchedulerConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self):
-        _choice("scheduler.name", self.name, _SCHEDULES)
+        choice("scheduler.name", self.name, _SCHEDULES)
         if self.warmup_steps < 0:
             raise ConfigError(f"scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -108,7 +108,7 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if self.num_workers < 0:
             raise ConfigError(f"trainer.num_workers must be >= 0, got {self.num_workers}")
-        _choice("trainer.precision", self.precision, _PRECISIONS)
+        choice("trainer.precision", self.precision, _PRECISIONS)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.grad_clip is not None and self.grad_clip <= 0:
@@ -149,7 +149,7 @@ class TrajectoryDataConfig:
     record: RecordConfig = field(default_factory=RecordConfig)
 
     def __post_init__(self):
-        _choice("data.on_error", self.on_error, ("raise", "skip"))
+        choice("data.on_error", self.on_error, ("raise", "skip"))
         for key in ("horizon", "frame_stack", "stride"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")
@@ -167,7 +167,7 @@ class SplitFolderDataConfig:
     test_split: str = "test"
 
     def __post_init__(self):
-        _choice("data.layout", self.layout, self.LAYOUTS)
+        choice("data.layout", self.layout, self.LAYOUTS)
 
 
 @dataclass
@@ -441,7 +441,8 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
     return f"config error: {lines[-1] if lines else type(e).__name__}{place}"
 
 
-def _choice(key: str, value: Any, options: Sequence[Any]) -> None:
+def choice(key: str, value: Any, options: Sequence[Any]) -> None:
+    """Raise a one-line ``ConfigError`` naming ``key`` unless ``value`` is one of ``options``."""
     if value not in options:
         raise ConfigError(f"{key} must be one of {', '.join(map(str, options))}; got {value!r}")
 

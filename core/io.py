@@ -87,3 +87,13 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):  # numpy / torch scalars and arrays
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def save_npy(path: str | os.PathLike, arr: Any) -> Path:
+    """``np.save`` atomically (temp file + rename); returns the path."""
+    import numpy as np
+
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, arr)
+    return path

@@ -40,7 +40,7 @@ def import_target(target: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name is None or not module_name.startswith(e.name):
+        if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
             raise  # a dependency of the module is missing: that is a real bug, keep the traceback
         raise ConfigError(f"import target {target!r}: no module named {e.name!r}") from None
     obj: Any = module

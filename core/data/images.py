@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 from core.errors import DataError  # noqa: E402
-from core.io import atomic_path, read_json, write_json  # noqa: E402
+from core.io import atomic_path, read_json, save_npy, write_json  # noqa: E402
 
 __all__ = [
     "DENSE_FORMAT",
@@ -177,11 +177,6 @@ def _read_array(path: Path) -> np.ndarray:
         raise DataError(path, f"cannot read .npy ({e})") from None
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, arr)
-
-
 # ------------------------------------------------------------------------------------------ writers
 def write_meta(root: str | os.PathLike, **meta: Any) -> dict[str, Any]:
     """Write ``<root>/meta.json`` for an embodied-dense folder and return what was written.
@@ -237,7 +232,7 @@ def write_dense_sample(
     def put(key: str, ext: str, arr: np.ndarray) -> None:
         p = base / key / f"{sample_id}{ext}"
         if ext == ".npy":
-            _save_npy(p, arr)
+            save_npy(p, arr)
         else:
             write_image(p, arr)
         written[key] = p

@@ -55,11 +55,13 @@ class Attention(nn.Module):
             x: (B, N, C) queries.
             context: (B, M, C_ctx) keys / values; None for self-attention.
             attn_mask: Bool (True = may attend) or additive float mask broadcastable to (B, heads, N, M).
-            is_causal: Causal mask (query i sees keys <= i); only with ``attn_mask=None``.
+            is_causal: Causal mask (query i sees keys <= i); self-attention only, with ``attn_mask=None``.
 
         Returns:
             (B, N, C).
         """
+        if is_causal and (context is not None or attn_mask is not None):
+            raise ValueError("is_causal is for self-attention without attn_mask (SDPA aligns it top-left otherwise)")
         ctx = x if context is None else context
         q = self.q_norm(self._heads(self.q(x)))
         k = self.k_norm(self._heads(self.k(ctx)))

@@ -57,12 +57,17 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with the update folded into its weight."""
+        """A plain ``nn.Linear`` with the update folded into its weight (one-way: the factors are gone).
+
+        The merged parameters keep the base layer's ``requires_grad`` (a frozen base stays frozen).
+        """
         out = nn.Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
                         device=self.base.weight.device, dtype=self.base.weight.dtype)
         out.weight.copy_(self.base.weight + self.scale * self.lora_B @ self.lora_A)
+        out.weight.requires_grad_(self.base.weight.requires_grad)
         if self.base.bias is not None:
             out.bias.copy_(self.base.bias)
+            out.bias.requires_grad_(self.base.bias.requires_grad)
         return out
 
 

@@ -65,6 +65,8 @@ def test_bad_input_is_one_line(capsys):
     assert main(["train", "nosuchmethod"]) == EXIT_BAD_INPUT
     assert main(["sim", "rollout", "embodied/Nope-v0", "--episodes", "1", "--out", "x"]) == EXIT_BAD_INPUT
     assert main(["demo", "--only", "nosuchsection", "--out", "x"]) == EXIT_BAD_INPUT
+    assert main(["eval", "bc", "--rotate", "so3", "--print-config"]) == EXIT_BAD_INPUT  # only spherical methods
+    assert "--rotate: method 'bc' has no rotated evaluation" in capsys.readouterr().err
 
 
 def test_print_config_and_methods(capsys):

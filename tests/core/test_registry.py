@@ -55,3 +55,12 @@ def test_bad_targets():
     with pytest.raises(ConfigError, match="no module named 'no_such_module_xyz'"):
         import_target("no_such_module_xyz:thing")
     assert import_target("json").__name__ == "json"  # a bare module path is the module
+
+
+def test_missing_dependency_of_a_target_keeps_its_traceback(tmp_path, monkeypatch):
+    """A module that imports a missing package whose name is a text prefix of the module's own name is a real
+    bug in the module (ModuleNotFoundError propagates), not an unknown import target."""
+    (tmp_path / "jsonish_mod.py").write_text("import jsonish  # noqa: F401\nx = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="jsonish"):
+        import_target("jsonish_mod:x")

@@ -43,6 +43,8 @@ def test_causal_and_bool_masks_hide_later_tokens():
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[:, 4:] = False  # nobody sees tokens 4, 5
     torch.testing.assert_close(attn(x, attn_mask=mask)[:, :4], attn(y, attn_mask=mask)[:, :4])
+    with pytest.raises(ValueError, match="self-attention"):
+        attn(x, context=torch.randn(1, 3, 8), is_causal=True)  # SDPA would align the mask top-left
 
 
 def test_transformer_block_shapes_and_context_requirement():
@@ -79,6 +81,7 @@ def test_lora_is_identity_at_init_trains_only_adapters_and_merges_exactly():
     assert inject_lora(blk, ["q"], rank=2) == []  # already wrapped: skipped
     merge_lora(blk)
     assert not any(isinstance(m, LoRALinear) for m in blk.modules())
+    assert not any(p.requires_grad for p in blk.attn.q.parameters())  # the frozen base stays frozen
     torch.testing.assert_close(blk(x), adapted, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="no nn.Linear"):
         inject_lora(blk, ["nonexistent"])
