@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from core.demo_sections import normals_to_rgb
 from core.errors import DataError
-from core.io import atomic_path
+from core.io import atomic_path, save_npy
 from core.logging import get_logger
 
 log = get_logger("embodied.transnormal")
@@ -29,9 +30,13 @@ DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "assets" / "checkpoin
 DEFAULT_FOV_DEG = 45.0
 
 
-def normals_to_rgb(normals: np.ndarray) -> np.ndarray:
-    """(H, W, 3) unit normals -> (H, W, 3) uint8, colour = (n + 1) / 2."""
-    return np.round((np.clip(normals, -1, 1) + 1.0) * 127.5).astype(np.uint8)
+def inference_device() -> dict:
+    """``from_checkpoint`` keyword arguments: CUDA in bfloat16 when available, else CPU in float32."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"device": "cuda", "dtype": torch.bfloat16}
+    return {"device": "cpu", "dtype": None}
 
 
 def collect_inputs(inputs: list[str]) -> list[Path]:
@@ -98,15 +103,8 @@ def write_pointcloud(path: Path, normals: np.ndarray, depth: np.ndarray, rgb: np
     return int(ok.sum())
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, arr)
-
-
 def infer(args) -> int:
     """Entry point of ``embodied infer normals`` (argparse namespace from ``core.cli``); returns 0."""
-    import torch
-
     from core.data.images import read_depth, read_image, write_image
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
@@ -119,9 +117,7 @@ def infer(args) -> int:
             raise DataError("--pointcloud", "works on exactly one image (the one --depth belongs to)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    pipe = TransNormalPipeline.from_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT, device=device,
-                                               dtype=torch.bfloat16 if device == "cuda" else None)
+    pipe = TransNormalPipeline.from_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT, **inference_device())
     for f in files:
         if f.suffix.lower() in VIDEO_EXTS:
             _infer_video(pipe, f, out)
@@ -133,7 +129,7 @@ def infer(args) -> int:
             raise DataError(f, f"expected an 8-bit image, got {img.dtype}")
         n = pipe(img[..., :3]).normals[0].permute(1, 2, 0).numpy().astype(np.float32)  # (H, W, 3)
         write_image(out / f"{f.stem}_normals.png", normals_to_rgb(n))
-        _save_npy(out / f"{f.stem}_normals.npy", n)
+        save_npy(out / f"{f.stem}_normals.npy", n)
         if getattr(args, "pointcloud", False):
             depth = np.load(depth_path) if str(depth_path).endswith(".npy") else read_depth(depth_path)
             depth = np.asarray(depth, np.float32).squeeze()
@@ -156,5 +152,5 @@ def _infer_video(pipe, path: Path, out: Path) -> None:
         preds.append(pipe(torch.from_numpy(batch)).normals.permute(0, 2, 3, 1).numpy())
     normals = np.concatenate(preds)
     write_mp4(out / f"{path.stem}_normals.mp4", np.stack([normals_to_rgb(n) for n in normals]))
-    _save_npy(out / f"{path.stem}_normals.npy", normals.astype(np.float16))
+    save_npy(out / f"{path.stem}_normals.npy", normals.astype(np.float16))
     print(out / f"{path.stem}_normals.mp4")

@@ -466,8 +466,10 @@ class VAEAutoencoder(nn.Module):
         kl = post.kl().mean() / z[0].numel()
         with torch.no_grad():
             std = post.mode()[: x.shape[0]].float().std()
-            m = 0.99 if int(self.seen) > 0 else 0.0
-            self.latent_std.mul_(m).add_((1 - m) * std)
+            # running mean of the latent std (first step: the batch's own); tensor ops, no host sync
+            warm = self.seen > 0
+            m = torch.where(warm, 0.99, 0.0).to(self.latent_std.dtype)
+            self.latent_std.mul_(m).add_(torch.where(warm, 1 - 0.99, 1.0).to(std.dtype) * std)
             self.seen += 1
         return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
 

@@ -53,6 +53,7 @@ class TransNormalPipeline:
             self.model.to(device)
         self.device = next(model.parameters()).device
         self.dtype = dtype
+        self._scheduler = None  # the diffusion baseline's DDIM scheduler, built on first use
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
@@ -91,18 +92,26 @@ class TransNormalPipeline:
 
     def _sample(self, z_rgb: torch.Tensor, ctx: torch.Tensor, steps: int,
                 generator: torch.Generator | None) -> torch.Tensor:
-        from diffusers import DDIMScheduler
-
         m = self.model
-        sched = DDIMScheduler(num_train_timesteps=m.config.num_train_timesteps, beta_start=0.00085, beta_end=0.012,
-                              beta_schedule="scaled_linear", prediction_type=m.config.prediction_type,
-                              timestep_spacing="trailing", set_alpha_to_one=False, clip_sample=False)
-        sched.set_timesteps(steps, device=z_rgb.device)
+        sched = self._ddim_scheduler()
+        sched.set_timesteps(steps, device=z_rgb.device)  # resets the timesteps: reusing the scheduler is exact
         z = torch.randn(z_rgb.shape, generator=generator, device="cpu").to(z_rgb.device, z_rgb.dtype)
         for t in sched.timesteps:
             out = m.denoise(torch.cat([z_rgb, z], 1), t, ctx, "normals")
             z = sched.step(out, t, z).prev_sample
         return z
+
+    def _ddim_scheduler(self):
+        """The DDIM scheduler (built once per pipeline; ``set_timesteps`` is called on every sample)."""
+        if self._scheduler is None:
+            from diffusers import DDIMScheduler
+
+            c = self.model.config
+            self._scheduler = DDIMScheduler(
+                num_train_timesteps=c.num_train_timesteps, beta_start=0.00085, beta_end=0.012,
+                beta_schedule="scaled_linear", prediction_type=c.prediction_type, timestep_spacing="trailing",
+                set_alpha_to_one=False, clip_sample=False)
+        return self._scheduler
 
     # -- images of any size ----------------------------------------------------------------------
     def __call__(self, images: torch.Tensor | np.ndarray | list[np.ndarray], num_steps: int | None = None,

@@ -134,12 +134,18 @@ def train(cfg) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ evaluation
 def load_model(checkpoint: str | Path, device: str = "cpu"):
     """A ``TransNormalModel`` (eval mode) from a run or checkpoint directory."""
-    from core.checkpoint import load_checkpoint, resolve_checkpoint
+    from core.checkpoint import CONFIG_FILE, MODEL_FILE, load_into, load_weights, resolve_checkpoint
+    from core.errors import CheckpointError
+    from core.io import read_json
     from perception.normals.modeling_transnormal import model_from_run_config
 
     ckpt = resolve_checkpoint(checkpoint)
-    model = model_from_run_config(load_checkpoint(ckpt)["config"])
-    load_checkpoint(ckpt, model)
+    try:  # only the config and the model weights: the training state is not needed for inference
+        config = read_json(ckpt / CONFIG_FILE)
+    except (ValueError, FileNotFoundError) as e:
+        raise CheckpointError(str(e)) from None
+    model = model_from_run_config(config)
+    load_into(model, load_weights(ckpt / MODEL_FILE), source=str(ckpt / MODEL_FILE))
     return model.eval().to(device)
 
 
@@ -186,6 +192,7 @@ def _constant_predictor(direction: np.ndarray):
 def evaluate(cfg) -> dict[str, Any]:
     """Metrics of the checkpoint and the baselines on the held-out split; writes ``<out_dir>/eval.json``."""
     from core.checkpoint import resolve_checkpoint
+    from perception.normals.cli import inference_device
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
     data = to_object(cfg.data)
@@ -206,7 +213,7 @@ def evaluate(cfg) -> dict[str, Any]:
             rows[name]["direction"] = [round(float(v), 4) for v in direction]
             continue
         path = ckpt if name == "transnormal" else resolve_checkpoint(name)
-        pipe = TransNormalPipeline.from_checkpoint(path)
+        pipe = TransNormalPipeline.from_checkpoint(path, **inference_device())
         key = name if name == "transnormal" else _run_name(path)
         rows[key] = evaluate_predictor(lambda rgb, p=pipe: p(rgb).normals, test)
         rows[key]["mode"] = pipe.model.config.mode

@@ -114,6 +114,14 @@ def test_diffusion_mode_trains_on_noisy_latents_and_is_not_called_directly():
     assert model.unet.config.in_channels == 2 * model.config.latent_channels
     out = model.training_step(_batch())
     assert torch.isfinite(out["loss"]) and set(out) == {"loss", "loss_normal"}
+    # the loss is on noisy latents: it depends on the sampled timestep / noise (seeded by torch's RNG)
+    batch = _batch()
+    losses = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            losses.append(model.training_step(batch)["loss"].item())
+    assert losses[0] == losses[1] and losses[0] != losses[2], losses
     with pytest.raises(RuntimeError):
         model(_batch()["rgb"])
 

@@ -41,6 +41,12 @@ def test_multistep_sampler_calls_the_unet_n_times_and_is_seeded():
     c = pipe(img, num_steps=4, seed=2).normals
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert pipe.default_steps == model.config.inference_steps
+    # the DDIM scheduler is built once and reused: another step count in between changes nothing
+    sched = pipe._ddim_scheduler()
+    pipe(img, num_steps=2, seed=1)
+    assert pipe._ddim_scheduler() is sched
+    assert torch.equal(pipe(img, num_steps=4, seed=1).normals, a)
+    assert torch.equal(TransNormalPipeline(model)(img, num_steps=4, seed=1).normals, a)  # = a fresh scheduler
 
 
 @pytest.mark.parametrize("hw", [(45, 70), (100, 30)])

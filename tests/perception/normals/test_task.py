@@ -50,6 +50,11 @@ def test_evaluate_reports_pooled_metrics_and_the_constant_baseline(trained):
     for row in saved["models"].values():
         assert {"mean", "median", "rmse", "a11.25", "a30", "pixels"} <= set(row["all"])
         assert 0 <= row["all"]["mean"] <= 180
+    # every method is scored on the same valid pixels, and the rows say what was evaluated
+    pixels = {row["all"]["pixels"] for row in saved["models"].values()}
+    assert len(pixels) == 1 and pixels.pop() > 0
+    assert saved["models"]["transnormal"]["checkpoint"].endswith("step_00000003")
+    assert np.linalg.norm(saved["models"]["constant"]["direction"]) == pytest.approx(1.0, abs=1e-3)
     assert result["models"]["transnormal"]["mode"] == "single_step"
     bad = compose(["experiment=transnormal", f"data.root={cfg.data.root}", f"out_dir={out}",
                    "eval.baselines=[nope]"])
