@@ -51,6 +51,10 @@ class SphereGrid(nn.Module):
 
     Buffers: ``dirs`` (N, 3) float32, ``index`` (N, K) int64 ``-1``-padded ``ring``-neighbourhoods,
     ``mask`` (N, K) bool (True = real neighbour), ``latlon`` (N, 2) float32 radians.
+
+    Fixed per-level geometry used in every forward (``cos`` of neighbour angles, the LPE latitude features
+    and relative offsets, the sparse ``adjacency``) is computed once on first use and cached per (device,
+    dtype) of the buffers, outside the state dict (so ``.to()`` / ``.double()`` just build a new entry).
     """
 
     def __init__(self, level: int, ring: int = 1):
@@ -69,17 +73,53 @@ class SphereGrid(nn.Module):
         self.spacing = float(torch.as_tensor((sphere.vertices[e[:, 0]] * sphere.vertices[e[:, 1]]).sum(1))
                              .clamp(-1, 1).acos().mean())
         self._adjacency: dict[torch.device, torch.Tensor] = {}
+        self._geometry: dict[tuple, torch.Tensor] = {}
+
+    def _cached(self, key: tuple, build) -> torch.Tensor:
+        full = (*key, self.dirs.device, self.dirs.dtype)
+        if full not in self._geometry:
+            # normal (non-inference) tensors even when first built under inference_mode: a later training
+            # forward saves them for backward
+            with torch.inference_mode(False), torch.no_grad():
+                self._geometry[full] = build()
+        return self._geometry[full]
+
+    def cos(self) -> torch.Tensor:
+        """(N, K) ``u_i . u_j`` for every neighbour slot (padding slots read neighbour 0)."""
+        return self._cached(("cos",), lambda: (self.dirs[:, None, :] * self.dirs[self.index.clamp_min(0)]).sum(-1))
+
+    def lat_features(self, freqs: int) -> torch.Tensor:
+        """(N, 2 freqs) ``[sin(k lat), cos(k lat)]`` for ``k = 1..freqs`` (the LPE latitude embedding input)."""
+        def build() -> torch.Tensor:
+            lat = self.latlon[:, 0]
+            f = torch.arange(1, freqs + 1, device=lat.device, dtype=lat.dtype)
+            return torch.cat([torch.sin(lat[:, None] * f), torch.cos(lat[:, None] * f)], -1)
+        return self._cached(("lat", freqs), build)
+
+    def rel_offsets(self) -> torch.Tensor:
+        """(N, K, 2) wrapped longitude / latitude differences to each neighbour, in units of ``spacing``."""
+        def build() -> torch.Tensor:
+            lat, lon = self.latlon[:, 0], self.latlon[:, 1]
+            idx = self.index.clamp_min(0)
+            dphi = torch.remainder(lon[idx] - lon[:, None] + math.pi, 2 * math.pi) - math.pi  # (N, K)
+            dtheta = lat[idx] - lat[:, None]
+            return torch.stack([dphi, dtheta], -1) / self.spacing
+        return self._cached(("rel",), build)
 
     def adjacency(self) -> torch.Tensor:
         """(N, N) sparse COO 0/1 matrix, ``A[i, j] = 1`` iff ``j in N(i)`` (cached per device)."""
         dev = self.index.device
         if dev not in self._adjacency:
-            rows = torch.arange(self.n, device=dev)[:, None].expand_as(self.index)[self.mask]
-            cols = self.index[self.mask]
-            vals = torch.ones(len(rows), device=dev)
-            self._adjacency[dev] = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (self.n, self.n),
-                                                                check_invariants=False).coalesce()
+            with torch.inference_mode(False), torch.no_grad():
+                self._adjacency[dev] = self._build_adjacency(dev)
         return self._adjacency[dev]
+
+    def _build_adjacency(self, dev: torch.device) -> torch.Tensor:
+        rows = torch.arange(self.n, device=dev)[:, None].expand_as(self.index)[self.mask]
+        cols = self.index[self.mask]
+        vals = torch.ones(len(rows), device=dev)
+        return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (self.n, self.n),
+                                       check_invariants=False).coalesce()
 
 
 # ------------------------------------------------------------------------------------------ functional
@@ -103,7 +143,8 @@ def _gather_heads(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return gather_neighbours(x.reshape(bsz * h, n, d), index).reshape(bsz, h, n, index.shape[1], d)
 
 
-def sola_softmax_attention(q, k, v, dirs, index, mask, b, w, lifted: bool = False) -> torch.Tensor:
+def sola_softmax_attention(q, k, v, dirs, index, mask, b, w, lifted: bool = False,
+                           cos: torch.Tensor | None = None) -> torch.Tensor:
     """SoLA with a local softmax.
 
     Args:
@@ -111,6 +152,7 @@ def sola_softmax_attention(q, k, v, dirs, index, mask, b, w, lifted: bool = Fals
         b, w: (h,) modulation ``b + w cos(theta)``.
         lifted: score with the explicit 4d lift ``<q~_i, k~_j>``; by default the identical factorised form
             ``<q_i, k_j> (b + w u_i . u_j)`` is used (4x less memory; tested equal).
+        cos: optional precomputed (N, K) ``u_i . u_j`` (``SphereGrid.cos()``); computed from ``dirs`` if None.
 
     Returns:
         (B, h, N, d).
@@ -119,7 +161,8 @@ def sola_softmax_attention(q, k, v, dirs, index, mask, b, w, lifted: bool = Fals
         qt, kt = direction_lift(q, dirs, b, w), direction_lift(k, dirs, b, w)
         scores = torch.einsum("bhnc,bhnkc->bhnk", qt, _gather_heads(kt, index))
     else:  # the same numbers without materialising the 4d lift: <q~_i, k~_j> = <q_i, k_j> (b + w cos)
-        cos = (dirs[:, None, :] * dirs[index.clamp_min(0)]).sum(-1)  # (N, K)
+        if cos is None:
+            cos = (dirs[:, None, :] * dirs[index.clamp_min(0)]).sum(-1)  # (N, K)
         mod = b.clamp_min(0)[:, None, None] + w.clamp_min(0)[:, None, None] * cos  # (h, N, K)
         scores = torch.einsum("bhnc,bhnkc->bhnk", q, _gather_heads(k, index)) * mod.to(q.dtype)
     scores = (scores / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
@@ -205,7 +248,7 @@ class SoLAAttention(nn.Module):
         q, k, v = self.qkv(x).reshape(bsz, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B,h,N,d)
         b, w = self.modulation()
         if self.variant == "softmax":
-            o = sola_softmax_attention(q, k, v, grid.dirs, grid.index, grid.mask, b, w)
+            o = sola_softmax_attention(q, k, v, grid.dirs, grid.index, grid.mask, b, w, cos=grid.cos())
         else:
             o = sola_linear_attention(q, k, v, grid.dirs, grid.adjacency(), b, w)
         return self.proj(o.transpose(1, 2).reshape(bsz, n, c))
@@ -229,18 +272,12 @@ class LPEAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, grid: SphereGrid) -> torch.Tensor:
         bsz, n, c = x.shape
-        lat, lon = grid.latlon[:, 0], grid.latlon[:, 1]
-        f = torch.arange(1, self.lat_freqs + 1, device=x.device, dtype=lat.dtype)
-        emb = self.lat_embed(torch.cat([torch.sin(lat[:, None] * f), torch.cos(lat[:, None] * f)], -1).to(x.dtype))
+        emb = self.lat_embed(grid.lat_features(self.lat_freqs).to(x.dtype))
         qk = F.linear(x + emb, self.qkv.weight[: 2 * c], self.qkv.bias[: 2 * c])
         v = F.linear(x, self.qkv.weight[2 * c :], self.qkv.bias[2 * c :])
         q, k = qk.reshape(bsz, n, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         v = v.reshape(bsz, n, self.heads, self.head_dim).transpose(1, 2)
-        idx = grid.index.clamp_min(0)
-        dphi = torch.remainder(lon[idx] - lon[:, None] + math.pi, 2 * math.pi) - math.pi  # (N, K)
-        dtheta = lat[idx] - lat[:, None]
-        rel = torch.stack([dphi, dtheta], -1) / grid.spacing
-        bias = self.rel_bias(rel.to(x.dtype)).permute(2, 0, 1)  # (h, N, K)
+        bias = self.rel_bias(grid.rel_offsets().to(x.dtype)).permute(2, 0, 1)  # (h, N, K)
         scores = torch.einsum("bhnc,bhnkc->bhnk", q, _gather_heads(k, grid.index)) / math.sqrt(self.head_dim)
         scores = (scores + bias).masked_fill(~grid.mask, float("-inf"))
         o = torch.einsum("bhnk,bhnkc->bhnc", scores.softmax(-1), _gather_heads(v, grid.index))

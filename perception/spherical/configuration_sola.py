@@ -7,14 +7,14 @@ location-dependent positional embeddings, everything else equal).
 ``SoLADataConfig`` (``data`` group, schema ``sola_panoramas_schema``) extends the shared panorama config with
 how to render the synthetic set on first use and the evaluation rotation protocol: ``data.rotate=so3``
 evaluates every test panorama under a random rotation (seeded by ``rotate_seed`` and the sample index), which
-is what ``embodied eval sola data.rotate=so3`` runs.
+is what ``embodied eval sola data.rotate=so3`` (or ``--rotate so3``) runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.config import PanoramaDataConfig, schema
+from core.config import PanoramaDataConfig, choice, schema
 from core.errors import ConfigError
 
 ATTENTIONS = ("sola_softmax", "sola_linear", "lpe")
@@ -53,10 +53,8 @@ class SoLAConfig:
     train_rotate: str = "none"
 
     def __post_init__(self):
-        if self.attention not in ATTENTIONS:
-            raise ConfigError(f"model.attention must be one of {', '.join(ATTENTIONS)}; got {self.attention!r}")
-        if self.train_rotate not in ROTATIONS:
-            raise ConfigError(f"model.train_rotate must be one of {', '.join(ROTATIONS)}; got {self.train_rotate!r}")
+        choice("model.attention", self.attention, ATTENTIONS)
+        choice("model.train_rotate", self.train_rotate, ROTATIONS)
         if not self.channels or len(self.channels) != len(self.depths):
             raise ConfigError(f"model.channels and model.depths need the same non-zero length, got "
                               f"{list(self.channels)} and {list(self.depths)}")
@@ -101,8 +99,7 @@ class SoLADataConfig(PanoramaDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.rotate not in ROTATIONS:
-            raise ConfigError(f"data.rotate must be one of {', '.join(ROTATIONS)}; got {self.rotate!r}")
+        choice("data.rotate", self.rotate, ROTATIONS)
         if self.render_n < 2:
             raise ConfigError(f"data.render_n must be >= 2, got {self.render_n}")
         if self.height < 8:

@@ -348,18 +348,27 @@ class SphereSampler:
     def __init__(self, level: int, height: int, width: int):
         self.level, self.height, self.width = level, height, width
         self.index, self.weight = _barycentric_table(level, height, width)
+        self._tensors: dict[tuple, torch.Tensor] = {}  # device copies of the tables, built on first use
+
+    def _tensor(self, name: str, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+        key = (name, device, dtype)
+        if key not in self._tensors:
+            table = {"index": self.index, "weight": self.weight, "argmax": self.weight.argmax(1)}[name]
+            with torch.inference_mode(False):  # usable by a later autograd forward
+                self._tensors[key] = torch.as_tensor(table, device=device, dtype=dtype)
+        return self._tensors[key]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) vertex values -> (B, C, H, W) panorama."""
-        idx = torch.as_tensor(self.index, device=x.device)
-        w = torch.as_tensor(self.weight, device=x.device, dtype=x.dtype)
+        idx = self._tensor("index", x.device)
+        w = self._tensor("weight", x.device, x.dtype)
         out = apply_table(x, idx, w)  # (B, H*W, C)
         return out.transpose(1, 2).reshape(x.shape[0], x.shape[-1], self.height, self.width)
 
     def nearest(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, ...) vertex values (e.g. labels) -> (B, ..., H, W) of the nearest-weight vertex."""
-        idx = torch.as_tensor(self.index, device=x.device)
-        best = torch.as_tensor(self.weight.argmax(1), device=x.device)
+        idx = self._tensor("index", x.device)
+        best = self._tensor("argmax", x.device)
         pick = idx.gather(1, best[:, None])[:, 0]  # (H*W,)
         out = x.index_select(1, pick)  # (B, H*W, ...)
         out = out.reshape(x.shape[0], self.height, self.width, *x.shape[2:])

@@ -187,8 +187,8 @@ class SoLAModel(nn.Module):
         pred = self(s["rgb"])
         loss = torch.zeros((), device=s["rgb"].device)
         if "depth" in s:
-            out["berhu"] = berhu_loss(pred["depth"], s["depth"], s["depth"] > 0, cfg.berhu_c)
             valid = s["depth"] > 0
+            out["berhu"] = berhu_loss(pred["depth"], s["depth"], valid, cfg.berhu_c)
             out["mae"] = ((pred["depth"] - s["depth"]).abs() * valid).sum().detach() / valid.sum().clamp_min(1)
             loss = loss + cfg.depth_weight * out["berhu"]
         if "semantic" in s:

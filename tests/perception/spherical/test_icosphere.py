@@ -58,6 +58,23 @@ def test_pool_and_unpool_preserve_constants_and_interpolate_linear_functions():
     fine = torch.as_tensor(icosphere(3).vertices, dtype=torch.float32)
     cos = torch.nn.functional.cosine_similarity(up[0], fine, dim=-1)
     assert cos.min() > 0.995
+    # a scalar linear function f(v) = a . v: unpooling averages the parents' values, so each fine vertex gets
+    # f(midpoint) = f(fine) * |midpoint| (the fine vertex is the normalised midpoint; |midpoint| = 1 for
+    # inherited vertices, < 1 for new ones: the shrink of the chord midpoint)
+    a = torch.tensor([0.3, -1.2, 0.7], dtype=torch.float64)
+    v2 = torch.as_tensor(icosphere(2).vertices, dtype=torch.float64)
+    v3 = torch.as_tensor(icosphere(3).vertices, dtype=torch.float64)
+    index, weight = unpool_table(3)
+    up_f = apply_table((v2 @ a)[None, :, None], torch.tensor(index), torch.tensor(weight, dtype=torch.float64))[0, :, 0]
+    mid = v2[torch.tensor(index)].mean(1)  # (N_3, 3) chord midpoints of the parents
+    torch.testing.assert_close(mid / mid.norm(dim=-1, keepdim=True), v3, atol=1e-9, rtol=0)
+    torch.testing.assert_close(up_f, (v3 @ a) * mid.norm(dim=-1), atol=1e-6, rtol=0)
+    # and never further from f(fine) than the largest shrink allows: 1 - cos(half the longest coarse edge)
+    e = torch.as_tensor(icosphere(2).edges)
+    half = (v2[e[:, 0]] * v2[e[:, 1]]).sum(-1).clamp(-1, 1).acos().max() / 2
+    assert (up_f - v3 @ a).abs().max() <= a.norm() * (1 - half.cos()) + 1e-6
+    inherited = index[:, 0] == index[:, 1]
+    torch.testing.assert_close(up_f[inherited], (v3 @ a)[inherited], atol=1e-6, rtol=0)
 
 
 def test_sixty_icosahedral_rotations_permute_the_vertices():

@@ -192,6 +192,26 @@ def test_configs_compose_and_bad_values_fail():
         compose(["experiment=sola", "data.rotate=sideways"])
     with pytest.raises(ConfigError, match="attention"):
         SoLAConfig(attention="global")
+    with pytest.raises(ConfigError, match=r"^model\.attention must be one of sola_softmax, sola_linear, lpe; got 'global'$"):
+        SoLAConfig(attention="global")
+    with pytest.raises(ConfigError, match=r"^model\.train_rotate must be one of"):
+        SoLAConfig(train_rotate="sideways")
+
+
+def test_grid_geometry_is_cached_outside_the_state_dict():
+    grid = SphereGrid(2, ring=2)
+    assert grid.state_dict() == {}
+    dirs, idx = grid.dirs, grid.index.clamp_min(0)
+    torch.testing.assert_close(grid.cos(), (dirs[:, None] * dirs[idx]).sum(-1), atol=0, rtol=0)
+    assert grid.cos() is grid.cos() and grid.rel_offsets() is grid.rel_offsets()
+    assert grid.lat_features(4).shape == (grid.n, 8) and grid.rel_offsets().shape == (*grid.index.shape, 2)
+    grid.double()  # a new (device, dtype) builds a new entry from the converted buffers
+    assert grid.cos().dtype == torch.float64 and grid.lat_features(4).dtype == torch.float64
+    with torch.inference_mode():  # built under inference_mode, still usable by a later autograd forward
+        fresh = SphereGrid(2)
+        fresh.cos()
+    w = torch.ones((), requires_grad=True)
+    (w * fresh.cos()).sum().backward()
 
 
 # ---------------------------------------------------------------------------------------- end to end
