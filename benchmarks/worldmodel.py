@@ -16,7 +16,6 @@ initialised model of ``configs/model/lacwm.yaml`` (speed does not depend on the 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -26,8 +25,9 @@ import torch  # noqa: E402
 from benchmarks.common import default_device, parse_args, print_table, timeit, write_result  # noqa: E402
 from benchmarks.sim import env_steps_per_s  # noqa: E402
 from core.bootstrap import prepare_process  # noqa: E402
+from core.resources import asset  # noqa: E402
 
-ASSET = Path(__file__).resolve().parent.parent / "assets" / "checkpoints" / "lacwm"
+ASSET = asset("checkpoints", "lacwm")
 
 
 def _model(device: str):
@@ -36,9 +36,9 @@ def _model(device: str):
     from worldmodels.lacwm.modeling_lacwm import build_model
 
     if (ASSET / "model.safetensors").exists():
-        from worldmodels.lacwm.experiments import load_model
+        from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-        model, _ = load_model(ASSET)
+        model = WorldModel.from_pretrained(ASSET)
     else:
         model = adapt_model(build_model(to_object(compose(["experiment=lacwm"]).model)), "Panda", 7)
     return model.to(device).eval()

@@ -290,12 +290,14 @@ def load_policy(path: str | Path, env: Any) -> Any:
     Methods that can act register a factory ``(checkpoint_dir, env) -> Policy`` in
     ``core.registry.POLICIES`` under their method name.
     """
-    from core import methods  # noqa: F401  (registers the methods' lazy entries)
-    from core.registry import POLICIES
+    from core.registry import POLICIES, load_plugins
+
+    load_plugins()
+
+    from core.pretrained import read_config
 
     ckpt = resolve_checkpoint(path)
-    config = load_checkpoint(ckpt)["config"]
-    method = config.get("method")
+    method = read_config(ckpt).get("method")
     if not method:
         raise CheckpointError(f"{ckpt}: its config.json names no method, so no policy can be built from it")
     if method not in POLICIES:

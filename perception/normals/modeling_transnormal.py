@@ -23,7 +23,6 @@ multi-step baseline (RGB latent concatenated to a noisy normal latent, v-predict
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from torch import nn
 from core.checkpoint import load_into, load_weights
 from core.errors import CheckpointError
 from core.logging import get_logger
+from core.pretrained import PreTrainedModel
 from perception.normals.configuration_transnormal import TransNormalConfig
 from perception.normals.losses import latent_valid_mask, masked_mse, wavelet_loss
 
@@ -267,12 +267,30 @@ def load_dino(model: nn.Module, path: str | Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ model
-class TransNormalModel(nn.Module):
+class TransNormalModel(PreTrainedModel):
     """UNet + frozen VAE + frozen DINOv3 + trainable projector (module docstring).
 
     Args:
         config: Sizes and weight sources; ``unet_path`` / ``vae_path`` / ``dino_path`` load real weights.
     """
+
+    config_class = TransNormalConfig
+    method = "transnormal"
+
+    @classmethod
+    def build_for_loading(cls, config: TransNormalConfig) -> TransNormalModel:
+        """The model a checkpoint's weights load into.
+
+        A weight source (``unet_path`` / ``vae_path`` / ``dino_path``) also defines its network's architecture
+        (a diffusers folder's sizes), so a checkpoint trained from one needs that folder to rebuild: a path that
+        no longer exists is a one-line error naming the key, not a shape mismatch further on.
+        """
+        for key in ("unet_path", "vae_path", "dino_path"):
+            value = getattr(config, key)
+            if value is not None and not Path(value).exists():
+                raise CheckpointError(f"model.{key}={value!r} does not exist; the checkpoint's {key[:-5]} architecture "
+                                      f"comes from it (restore the folder, or override model.{key})")
+        return cls(config)
 
     def __init__(self, config: TransNormalConfig):
         super().__init__()
@@ -472,17 +490,3 @@ class VAEAutoencoder(nn.Module):
             self.latent_std.mul_(m).add_(torch.where(warm, 1 - 0.99, 1.0).to(std.dtype) * std)
             self.seen += 1
         return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
-
-
-def model_from_run_config(config: dict[str, Any]) -> TransNormalModel:
-    """Build the model from a checkpoint's ``config.json``; the checkpoint's weights are loaded after this.
-
-    Weight-source paths that still exist are used for the architecture (a pretrained UNet / VAE folder
-    defines its own sizes); missing ones are dropped (the checkpoint holds every weight anyway).
-    """
-    fields = {f.name for f in dataclasses.fields(TransNormalConfig)}
-    m = {k: v for k, v in dict(config.get("model", {})).items() if k in fields}
-    for key in ("unet_path", "vae_path", "dino_path"):
-        if m.get(key) is not None and not Path(m[key]).exists():
-            m[key] = None
-    return TransNormalModel(TransNormalConfig(**m))

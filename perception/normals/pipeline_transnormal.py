@@ -56,12 +56,14 @@ class TransNormalPipeline:
         self._scheduler = None  # the diffusion baseline's DDIM scheduler, built on first use
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | None = None) -> TransNormalPipeline:
-        """Load a run / checkpoint directory (e.g. ``assets/checkpoints/transnormal``)."""
-        from perception.normals.task import load_model
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None, use_ema: bool | None = None) -> TransNormalPipeline:
+        """Load an exported model, a run or a checkpoint directory (e.g. ``assets/checkpoints/transnormal``).
 
-        return cls(load_model(path, str(device)), dtype=dtype)
+        Weights are the EMA ones when the folder has them (``use_ema=None``); ``dtype`` is the autocast dtype
+        on CUDA (the weights stay float32).
+        """
+        return cls(TransNormalModel.from_pretrained(path, use_ema=use_ema, device=device), dtype=dtype)
 
     @property
     def default_steps(self) -> int:

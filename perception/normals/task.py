@@ -57,7 +57,13 @@ def _dataset(data, split: str, keys: tuple[str, ...]):
 
     if data.layout == "cleargrasp":
         keys = tuple(k for k in keys if k in ("rgb", "normals", "mask"))
-        return ClearGraspDataset(data.root, keys=keys)
+        # A root with split folders (ClearGrasp's archives, or train/ val/ test/) is split as asked. A bare
+        # folder of objects is one split: it may be evaluated as the test split but is never trained on, so
+        # train and test cannot silently be the same images.
+        bare = not any(ClearGraspDataset.split_dirs(data.root, s) for s in ClearGraspDataset.SPLIT_DIRS)
+        if bare and split == data.test_split:
+            return ClearGraspDataset(data.root, keys=keys)
+        return ClearGraspDataset(data.root, split=split, keys=keys)
     meta_keys = keys if split == data.train_split else tuple(k for k in keys if k != "rgb_twin")
     return DenseImageDataset(data.root, split, keys=meta_keys)
 
@@ -132,23 +138,6 @@ def train(cfg) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-def load_model(checkpoint: str | Path, device: str = "cpu"):
-    """A ``TransNormalModel`` (eval mode) from a run or checkpoint directory."""
-    from core.checkpoint import CONFIG_FILE, MODEL_FILE, load_into, load_weights, resolve_checkpoint
-    from core.errors import CheckpointError
-    from core.io import read_json
-    from perception.normals.modeling_transnormal import model_from_run_config
-
-    ckpt = resolve_checkpoint(checkpoint)
-    try:  # only the config and the model weights: the training state is not needed for inference
-        config = read_json(ckpt / CONFIG_FILE)
-    except (ValueError, FileNotFoundError) as e:
-        raise CheckpointError(str(e)) from None
-    model = model_from_run_config(config)
-    load_into(model, load_weights(ckpt / MODEL_FILE), source=str(ckpt / MODEL_FILE))
-    return model.eval().to(device)
-
-
 def mean_normal(dataset, limit: int = 256) -> np.ndarray:
     """The mean ground-truth normal (unit (3,) vector) over up to ``limit`` samples: the constant baseline."""
     acc = np.zeros(3)
@@ -213,7 +202,7 @@ def evaluate(cfg) -> dict[str, Any]:
             rows[name]["direction"] = [round(float(v), 4) for v in direction]
             continue
         path = ckpt if name == "transnormal" else resolve_checkpoint(name)
-        pipe = TransNormalPipeline.from_checkpoint(path, **inference_device())
+        pipe = TransNormalPipeline.from_pretrained(path, **inference_device())
         key = name if name == "transnormal" else _run_name(path)
         rows[key] = evaluate_predictor(lambda rgb, p=pipe: p(rgb).normals, test)
         rows[key]["mode"] = pipe.model.config.mode

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.pretrained import PreTrainedModel
 from perception.spherical.attention import LPEAttention, SoLAAttention, SphereGrid
 from perception.spherical.configuration_sola import SoLAConfig
 from perception.spherical.icosphere import (
@@ -98,13 +99,16 @@ class _Table(nn.Module):
         return apply_table(x, self.index, self.weight)
 
 
-class SoLAModel(nn.Module):
+class SoLAModel(PreTrainedModel):
     """Spherical U-transformer with depth and segmentation heads (see the module docstring).
 
     ``forward(rgb)`` works on the sphere: rgb (B, N, 3) float in [0, 1] at the vertices of icosphere level
     ``config.level`` -> ``{"depth": (B, N) metres, "logits": (B, N, num_classes)}``. ``predict`` and
     ``training_step`` take equirectangular panoramas.
     """
+
+    config_class = SoLAConfig
+    method = "sola"
 
     def __init__(self, config: SoLAConfig):
         super().__init__()

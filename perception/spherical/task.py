@@ -19,10 +19,11 @@ import torch
 from torch.utils.data import Dataset
 
 from core.config import TrainerConfig, save_resolved, to_container, to_object
-from core.errors import CheckpointError, DataError
+from core.errors import DataError
 from core.io import write_json
 from core.logging import get_logger
 from perception.spherical.configuration_sola import SoLAConfig, SoLADataConfig
+from perception.spherical.modeling_sola import SoLAModel
 
 log = get_logger("embodied.sola")
 
@@ -110,20 +111,6 @@ def train(cfg) -> dict[str, Any]:
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
 
 
-def load_model(checkpoint: str | Path, device: str | torch.device = "cpu"):
-    """A ``SoLAModel`` (eval mode) from a checkpoint or run directory."""
-    from core.checkpoint import load_checkpoint, resolve_checkpoint
-    from perception.spherical.modeling_sola import SoLAModel
-
-    ckpt = resolve_checkpoint(checkpoint)
-    config = load_checkpoint(ckpt)["config"]
-    if not isinstance(config.get("model"), dict) or "attention" not in config["model"]:
-        raise CheckpointError(f"{ckpt}: config.json has no SoLA model section")
-    model = SoLAModel(SoLAConfig(**config["model"]))
-    load_checkpoint(ckpt, model)
-    return model.to(device).eval()
-
-
 def rotation_for(index: int, kind: str, seed: int) -> torch.Tensor:
     """The (3, 3) evaluation rotation of test sample ``index`` (a function of ``seed`` and ``index`` only)."""
     from perception.spherical.modeling_sola import random_rotations
@@ -165,7 +152,7 @@ def evaluate(cfg) -> dict[str, Any]:
     data_cfg: SoLADataConfig = to_object(cfg.data)
     ckpt = cfg.eval.checkpoint or cfg.out_dir
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.device != "cpu" else "cpu"
-    model = load_model(ckpt, device)
+    model = SoLAModel.from_pretrained(ckpt, device=device)
     dataset = build_dataset(data_cfg, "test")
     metrics = evaluate_model(model, dataset, data_cfg.rotate, data_cfg.rotate_seed, max_samples=data_cfg.max_test)
     result = {"checkpoint": str(ckpt), "attention": model.config.attention, "rotate": data_cfg.rotate,

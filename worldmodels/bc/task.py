@@ -108,18 +108,14 @@ def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def load_policy(checkpoint: str | Path, env: Any):
     """``core.registry.POLICIES`` entry: a ``BCPolicy`` for ``env`` from a checkpoint directory."""
-    from core.checkpoint import load_checkpoint, resolve_checkpoint
     from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
 
-    ckpt = resolve_checkpoint(checkpoint)
-    config = load_checkpoint(ckpt)["config"]
-    model = BCPolicyModel(BCConfig(**config["model"]))
-    load_checkpoint(ckpt, model)
+    model = BCPolicyModel.from_pretrained(checkpoint)
     space = env.action_space
     if space.shape != (model.config.action_dim,):
         from core.errors import CheckpointError
 
-        raise CheckpointError(f"{ckpt}: policy outputs {model.config.action_dim}-d actions, the env takes {space.shape}")
+        raise CheckpointError(f"{model.loaded_from['path']}: policy outputs {model.config.action_dim}-d actions, the env takes {space.shape}")
     return BCPolicy(model, space.low, space.high)
 
 

@@ -6,13 +6,12 @@ records one fresh episode of the held-out embodiment (a new seed) to compare aga
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from core.demo import DemoContext, DemoSection, table, video_tag
+from core.resources import asset
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "checkpoints"
+ASSETS = asset("checkpoints")
 HELD_OUT_ENV = "embodied/Reach-PandaInspireHand-v0"
 
 
@@ -28,15 +27,15 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from sim.recorder import record_rollout
     from sim.rollout import RolloutConfig
     from worldmodels.lacwm.data import TransitionDataset
-    from worldmodels.lacwm.experiments import load_model, rollout_error
+    from worldmodels.lacwm.experiments import rollout_error
+    from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-    loaded = {name: load_model(ASSETS / name) for name in ("lacwm", "eacwm") if (ASSETS / name).exists()}
-    models = {name: m for name, (m, _) in loaded.items()}
+    models = {name: WorldModel.from_pretrained(ASSETS / name) for name in ("lacwm", "eacwm") if (ASSETS / name).exists()}
     if not models:
         return DemoSection(title="LAC-WM / EAC-WM (worldmodels/lacwm)", lead="no shipped checkpoint found",
                            body="", figures={})
     cfg = next(iter(models.values())).config
-    camera = (next(iter(loaded.values()))[1].get("data") or {}).get("camera")  # the frames it was trained on
+    camera = (next(iter(models.values())).loaded_from["config"].get("data") or {}).get("camera")  # the frames it was trained on
     # the whole 45 steps even after the target is reached: the window below needs 6 x frame_skip + 1 steps
     env_kwargs = {"image_size": cfg.image_size, "terminate_on_success": False, **({"camera": camera} if camera else {})}
     rec = record_rollout(RolloutConfig(env_id=HELD_OUT_ENV, episodes=1, seed=ctx.seed + 900, policy="scripted",

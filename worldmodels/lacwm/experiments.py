@@ -142,30 +142,18 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
 
 
 # ------------------------------------------------------------------------------------------- metrics
-def psnr_from_mse(mse: torch.Tensor) -> torch.Tensor:
-    """PSNR in dB of a mean squared error of images in [-1, 1] (peak-to-peak 2)."""
-    return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
+def _psnr_db(mse: torch.Tensor) -> torch.Tensor:
+    """PSNR in dB of an MSE of frames in [-1, 1] (``core.metrics``: peak-to-peak 2, MSE floored at 1e-10)."""
+    from core.metrics.image import psnr_from_mse
+
+    return psnr_from_mse(mse, data_range=2.0, min_mse=1e-10)
 
 
-def psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """PSNR in dB per leading index for images in [-1, 1]: (..., 3, H, W) -> (...)."""
-    return psnr_from_mse(((pred - target) ** 2).flatten(-3).mean(-1))
+def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``core.metrics`` SSIM (uniform 7 x 7 windows) of frames in [-1, 1], mapped to [0, 1]: (..., 3, H, W) -> (...)."""
+    from core.metrics.image import ssim
 
-
-def ssim(pred: torch.Tensor, target: torch.Tensor, window: int = 7) -> torch.Tensor:
-    """Mean SSIM (uniform ``window`` x ``window`` windows, images mapped to [0, 1]): (..., 3, H, W) -> (...)."""
-    import torch.nn.functional as F
-
-    lead = pred.shape[:-3]
-    x = ((pred.reshape(-1, *pred.shape[-3:]) + 1) / 2).clamp(0, 1)
-    y = ((target.reshape(-1, *target.shape[-3:]) + 1) / 2).clamp(0, 1)
-    c1, c2 = 0.01**2, 0.03**2
-    mu_x, mu_y = F.avg_pool2d(x, window, 1), F.avg_pool2d(y, window, 1)
-    sxx = F.avg_pool2d(x * x, window, 1) - mu_x**2
-    syy = F.avg_pool2d(y * y, window, 1) - mu_y**2
-    sxy = F.avg_pool2d(x * y, window, 1) - mu_x * mu_y
-    s = ((2 * mu_x * mu_y + c1) * (2 * sxy + c2)) / ((mu_x**2 + mu_y**2 + c1) * (sxx + syy + c2))
-    return s.flatten(1).mean(1).reshape(lead)
+    return ssim((pred.clamp(-1, 1) + 1) / 2, (target.clamp(-1, 1) + 1) / 2)
 
 
 def feature_distance(pred: torch.Tensor, target: torch.Tensor, judge) -> torch.Tensor:
@@ -207,8 +195,7 @@ def rollout_error(model, ds, embodiment: str, horizon: int = 8, max_samples: int
     out: dict[str, Any] = {"samples": len(idx), "horizon": horizon}
     for name, pred in arms.items():
         mse = ((pred - target) ** 2).flatten(2).mean(-1).mean(0)  # (T,): mean over windows, then PSNR
-        row = {"psnr": psnr_from_mse(mse).tolist(),
-               "ssim": ssim(pred, target).mean(0).tolist()}
+        row = {"psnr": _psnr_db(mse).tolist(), "ssim": _ssim(pred, target).mean(0).tolist()}
         if judge is not None:
             row["feature_distance"] = feature_distance(pred, target, judge).mean(0).tolist()
         out[name] = row
@@ -314,39 +301,25 @@ def train(cfg) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in adapted.parameters())}
 
 
-def load_model(path: str | Path):
-    """A LAC-WM / EAC-WM from a checkpoint (the adapted model directory, or a run's pretrain directory)."""
-    from core.checkpoint import load_checkpoint, resolve_checkpoint
-    from worldmodels.lacwm.modeling_lacwm import build_model
-
-    ckpt = resolve_checkpoint(path)
-    config = load_checkpoint(ckpt)["config"]
-    model_cfg = LACWMConfig(**{k: v for k, v in config["model"].items() if k != "adapt"})
-    model_cfg.adapt = dataclasses.replace(model_cfg.adapt, **config["model"].get("adapt", {}))
-    model = build_model(model_cfg)
-    load_checkpoint(ckpt, model)
-    return model.eval(), config
-
-
 def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any]:
     """Rollout error (+ shuffled / copy-last ablations) of the adapted model on the held-out test episodes,
     (LAC-WM) the linear probe of the pretrained IDM latents, and planning success vs random selection."""
     from core.bootstrap import prepare_process
-    from worldmodels.lacwm.modeling_lacwm import LACWorldModel
+    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, WorldModel
 
     prepare_process()
     model_cfg, data_cfg, _ = configs(cfg)
     out = Path(cfg.out_dir)
     files = data_files(data_cfg, record=True)
     path = cfg.eval.checkpoint or out / ("scratch_model" if scratch else "adapted")
-    model, _ = load_model(path)
+    model = WorldModel.from_pretrained(path)
     test = transitions(files["test"], model.config, context=8)
     judge = None
     pre_path = out / "pretrain"
     result: dict[str, Any] = {"checkpoint": str(path), "held_out": data_cfg.held_out}
     if isinstance(model, LACWorldModel):
         judge = model
-        pre, _ = load_model(pre_path)
+        pre = WorldModel.from_pretrained(pre_path)
         pairs = transitions(files["adapt"], model.config, context=1), transitions(files["test"], model.config, context=1)
         result["probe"] = linear_probe(pre, *pairs)
         # the adapted IDM saw the held-out embodiment (stage-1 LoRA with the LAC loss on the adaptation episodes)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.layers import Attention, Mlp, TransformerBlock, inject_lora
+from core.pretrained import PreTrainedModel
 from worldmodels.lacwm.configuration_lacwm import LACWMConfig
 
 
@@ -323,11 +324,22 @@ def random_view(x: torch.Tensor, shift: int, color: float, generator: torch.Gene
 
 
 # --------------------------------------------------------------------------------------- world models
-class WorldModel(nn.Module):
+class WorldModel(PreTrainedModel):
     """Shared base of LAC-WM and EAC-WM: tokenizer, FDM, adaptation heads, multi-step imagination.
 
-    Subclasses define ``latent(batch)`` (the training-time conditioning) and their loss.
+    Subclasses define ``latent(batch)`` (the training-time conditioning) and their loss. ``from_pretrained``
+    on this base builds the subclass that ``config.conditioning`` names (a LAC-WM or EAC-WM checkpoint).
     """
+
+    config_class = LACWMConfig
+
+    @classmethod
+    def build_for_loading(cls, config: LACWMConfig) -> WorldModel:
+        return build_model(config)
+
+    @classmethod
+    def _accepts_method(cls, method: str) -> bool:
+        return method in ("lacwm", "eacwm")
 
     def __init__(self, config: LACWMConfig):
         super().__init__()
@@ -391,6 +403,8 @@ class WorldModel(nn.Module):
 
 class LACWorldModel(WorldModel):
     """LAC-WM: IDM -> continuous latent action -> FDM, with the motion decoder and cross-augmentation."""
+
+    method = "lacwm"
 
     def __init__(self, config: LACWMConfig):
         super().__init__(config)
@@ -457,6 +471,8 @@ class LACWorldModel(WorldModel):
 
 class EACWorldModel(WorldModel):
     """EAC-WM: one explicit-action encoder per embodiment (disjoint action spaces) -> the same FDM."""
+
+    method = "eacwm"
 
     def __init__(self, config: LACWMConfig):
         super().__init__(config)

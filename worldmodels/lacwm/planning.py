@@ -140,9 +140,10 @@ def load_planner_policy(checkpoint, env, select: str = "model", num_candidates: 
     ``ExpertGoal`` on the same env id and camera; the env must render the camera the model was trained on.
     """
     from core.errors import CheckpointError
-    from worldmodels.lacwm.experiments import load_model
+    from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-    model, config = load_model(checkpoint)
+    model = WorldModel.from_pretrained(checkpoint)
+    config = model.loaded_from["config"]
     trained_camera = (config.get("data") or {}).get("camera")
     camera = getattr(env.unwrapped, "camera", None)
     if trained_camera and camera != trained_camera:

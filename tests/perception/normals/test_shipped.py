@@ -17,7 +17,7 @@ def test_shipped_checkpoint_beats_the_constant_normal_baseline(tmp_path):
     # 4 views from a seed the checkpoint never saw (it trained on seed 0), fewer samples per pixel
     make_dataset(tmp_path, n=4, seed=777, size=64, spp=8, test_fraction=0.0)
     ds = DenseImageDataset(tmp_path, "train", keys=("rgb", "normals", "mask"))
-    pipe = TransNormalPipeline.from_checkpoint(DEFAULT_CHECKPOINT)
+    pipe = TransNormalPipeline.from_pretrained(DEFAULT_CHECKPOINT)
     ours = evaluate_predictor(lambda rgb: pipe(rgb).normals, ds)["all"]
     # the strongest constant: the mean normal of these very views (an oracle the model does not get)
     const = evaluate_predictor(_constant_predictor(mean_normal(ds)), ds)["all"]

@@ -34,7 +34,9 @@ def test_train_runs_both_stages_and_writes_a_self_contained_checkpoint(trained):
     assert config["method"] == "transnormal"
     assert config["model"]["scaling_factor"] == pytest.approx(result["latent_scale"])
     assert result["latent_scale"] != 1.0  # measured from the stage-1 latents
-    model = task.load_model(out)
+    from perception.normals.modeling_transnormal import TransNormalModel
+
+    model = TransNormalModel.from_pretrained(out)
     assert float(model.latent_scale) == pytest.approx(result["latent_scale"])
     # a second call resumes from the finished checkpoint instead of training again
     again = task.train(cfg)

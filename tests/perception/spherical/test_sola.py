@@ -41,6 +41,12 @@ class TestSoLAModel(ModelChecks):
     def make_batch(self):
         return {"rgb": torch.rand(2, 162, 3, generator=torch.Generator().manual_seed(0))}
 
+    def make_train_batch(self):  # training_step takes equirectangular panoramas with both labels
+        g = torch.Generator().manual_seed(0)
+        return {"rgb": torch.randint(0, 256, (2, 3, 16, 32), generator=g, dtype=torch.uint8),
+                "depth": 0.5 + 4 * torch.rand(2, 1, 16, 32, generator=g),
+                "semantic": torch.randint(0, TINY.num_classes, (2, 16, 32), generator=g)}
+
 
 class TestSoLALinearModel(TestSoLAModel):
     def make_model(self):
@@ -285,9 +291,9 @@ def test_shipped_checkpoint_loads_and_the_demo_section_runs(tmp_path):
     from core.demo import DemoContext
     from perception.spherical.cli import DEFAULT_CHECKPOINT
     from perception.spherical.demo import demo_section
-    from perception.spherical.task import load_model
+    from perception.spherical.modeling_sola import SoLAModel
 
-    model = load_model(DEFAULT_CHECKPOINT)  # strict: every key and shape must match the current code
+    model = SoLAModel.from_pretrained(DEFAULT_CHECKPOINT)  # strict: every key and shape must match the current code
     assert model.config.attention == "sola_softmax"
     section = demo_section(DemoContext(out=tmp_path))
     assert section.figures["none_delta1"] > 0.3 and section.figures["so3_delta1"] > 0.3

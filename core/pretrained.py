@@ -1,0 +1,296 @@
+"""The pretrained-model contract: ``save_pretrained`` / ``from_pretrained`` for every model of the workspace.
+
+In the spirit of diffusers' ``ModelMixin`` + ``ConfigMixin`` and LeRobot's ``PreTrainedPolicy``: a model's
+constructor takes one typed dataclass config (``config_class``), so the config IS the architecture and a
+folder with that config and the weights rebuilds the model exactly::
+
+    class MyModel(PreTrainedModel):
+        config_class = MyConfig
+        method = "mymethod"
+        def __init__(self, config: MyConfig): super().__init__(); self.config = config; ...
+
+    model.save_pretrained("exported/", card={"data": "...", "command": "...", "metrics": {...}})
+    model = MyModel.from_pretrained("exported/")                 # an exported folder
+    model = MyModel.from_pretrained("outputs/run")                # or a training run / checkpoint directory
+    model = load_pretrained("outputs/run")                        # any method: the class comes from config.json
+
+An exported folder and a training checkpoint share one layout, so one loader reads both::
+
+    model.safetensors   the weights (``ema.safetensors`` beside it in training checkpoints that keep an EMA)
+    config.json         {"method": ..., "model": {the model config}, ... the rest of the run config}
+    README.md           model card: YAML front matter (method, model_class, parameters, weights, training
+                        domain, data, producing command, metrics) + free text
+
+``from_pretrained`` reads only ``config.json`` and one weights file — never the optimizer / RNG training
+state — and takes the EMA weights when the folder has them, unless ``use_ema=False``. Loading checks every
+key and shape (``core.checkpoint.load_into``) and rejects config keys the class does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from core.checkpoint import (
+    CONFIG_FILE,
+    EMA_FILE,
+    MODEL_FILE,
+    load_into,
+    load_weights,
+    resolve_checkpoint,
+    save_weights,
+)
+from core.errors import CheckpointError
+from core.io import read_json, write_json, write_text
+
+CARD_FILE = "README.md"
+
+
+def dataclass_from_dict(cls: type, data: dict[str, Any], where: str = "model") -> Any:
+    """Build dataclass ``cls`` from a plain dict, recursing into nested dataclass fields.
+
+    Unknown keys raise a one-line ``CheckpointError`` naming them (a config written by other code is not
+    silently cut down to what this class knows).
+    """
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: expected a mapping for {cls.__name__}, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise CheckpointError(f"{where}: unknown config key(s) {unknown} for {cls.__name__} "
+                              "(written by another version of the code?)")
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: build flat
+        hints = {}
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints.get(name)
+        if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            value = dataclass_from_dict(hint, value, f"{where}.{name}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def front_matter(meta: dict[str, Any]) -> str:
+    """YAML front matter (``---`` fenced) for a model card."""
+    from omegaconf import OmegaConf
+
+    return "---\n" + OmegaConf.to_yaml(OmegaConf.create(_plain(meta))).rstrip() + "\n---\n"
+
+
+def read_card(directory: str | Path) -> dict[str, Any]:
+    """The YAML front matter of ``directory/README.md`` as a dict ({} when there is none)."""
+    import yaml
+
+    path = Path(directory) / CARD_FILE
+    if not path.is_file():
+        return {}
+    text = path.read_text()
+    if not text.startswith("---\n"):
+        return {}
+    end = text.find("\n---", 4)
+    if end < 0:
+        return {}
+    try:
+        meta = yaml.safe_load(text[4:end])
+    except yaml.YAMLError as e:
+        raise CheckpointError(f"{path}: unreadable model card front matter ({e})") from None
+    return meta if isinstance(meta, dict) else {}
+
+
+def card_body(directory: str | Path) -> str:
+    """The free text of a model card (after the front matter)."""
+    path = Path(directory) / CARD_FILE
+    if not path.is_file():
+        return ""
+    text = path.read_text()
+    if text.startswith("---\n"):
+        end = text.find("\n---", 4)
+        if end >= 0:
+            return text[end + 4:].lstrip("\n")
+    return text
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
+
+
+class PreTrainedModel(nn.Module):
+    """Base class of every model that is saved, shipped or loaded (see the module docstring).
+
+    Subclasses set ``config_class`` (a dataclass) and ``method`` (the registered method name, recorded in
+    ``config.json``) and keep their config as ``self.config``. The contract is checked when a subclass is
+    defined: a concrete subclass without a dataclass ``config_class`` fails at import.
+    """
+
+    config_class: ClassVar[type | None] = None
+    method: ClassVar[str | None] = None
+    #: Abstract bases (e.g. a family's shared parent) set this in their own body to skip the check.
+    abstract: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("abstract", False):
+            return
+        cls.abstract = False
+        if cls.config_class is None or not dataclasses.is_dataclass(cls.config_class):
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__}: a PreTrainedModel needs config_class = <a dataclass>")
+
+    # -- hooks a subclass may override ------------------------------------------------------------
+    @classmethod
+    def config_from_dict(cls, data: dict[str, Any]) -> Any:
+        """The typed config from ``config.json``'s ``model`` section (strict: unknown keys fail)."""
+        return dataclass_from_dict(cls.config_class, data)
+
+    @classmethod
+    def build_for_loading(cls, config: Any) -> PreTrainedModel:
+        """Construct the model whose weights are about to be loaded (default: ``cls(config)``).
+
+        Override when the constructor would otherwise read external weights that the checkpoint already
+        holds, or when the concrete class depends on the config (a model family).
+        """
+        return cls(config)
+
+    # -- save -------------------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path, card: dict[str, Any] | None = None,
+                        run_config: dict[str, Any] | None = None, body: str = "",
+                        state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """Export the model: ``model.safetensors`` + ``config.json`` + ``README.md`` (model card), atomically.
+
+        Args:
+            directory: Target folder; replaced if it exists (the new one is complete before the swap).
+            card: Model-card fields: ``data``, ``command``, ``metrics``, ``training_domain``, free keys.
+            run_config: The rest of the run config (data, trainer ...) to keep beside the model section.
+            body: Free text of the model card (markdown) after the front matter.
+            state_dict: Weights to write instead of ``self.state_dict()`` (e.g. an EMA copy's).
+        """
+        directory = Path(directory)
+        config = dict(run_config or {})
+        config["method"] = self.method or config.get("method")
+        config["model"] = _plain(self.config)
+        sd = state_dict if state_dict is not None else self.state_dict()
+        meta = {"method": config["method"], "model_class": f"{type(self).__module__}:{type(self).__qualname__}",
+                "parameters": int(sum(p.numel() for p in self.parameters())), "weights": MODEL_FILE,
+                **(card or {})}
+        title = f"# {config['method'] or type(self).__name__} — {type(self).__name__}\n\n"
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+        try:
+            save_weights(sd, tmp / MODEL_FILE)
+            write_json(tmp / CONFIG_FILE, _plain(config))
+            write_text(tmp / CARD_FILE, front_matter(meta) + "\n" + (body or title))
+            if directory.exists():
+                old = directory.with_name(f".{directory.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(directory, old)
+                os.replace(tmp, directory)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+    # -- load -------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, use_ema: bool | None = None,
+                        device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                        strict: bool = True) -> PreTrainedModel:
+        """Load an exported folder, a training checkpoint or a run directory (its newest checkpoint).
+
+        Args:
+            path: Folder with ``config.json`` + ``model.safetensors`` (run directories resolve through
+                ``checkpoints/latest``).
+            use_ema: None: the EMA weights when the folder has them; True: require them; False: never.
+            device: Where to put the model (default CPU).
+            dtype: Cast floating-point parameters and buffers (default: as saved).
+            strict: Every key and shape must match.
+
+        Returns:
+            The model in eval mode; ``model.loaded_from`` records the folder, the weights file and the
+            full ``config.json``.
+        """
+        ckpt = resolve_checkpoint(path)
+        config = read_config(ckpt)
+        if not isinstance(config.get("model"), dict):
+            raise CheckpointError(f"{ckpt}/{CONFIG_FILE} has no 'model' section")
+        if cls.method and config.get("method") not in (None, cls.method) and not cls._accepts_method(config["method"]):
+            raise CheckpointError(f"{ckpt}: a {config['method']!r} checkpoint, not {cls.method!r}")
+        try:
+            model_cfg = cls.config_from_dict(config["model"])
+        except CheckpointError as e:
+            raise CheckpointError(f"{ckpt}/{CONFIG_FILE}: {e}") from None
+        model = cls.build_for_loading(model_cfg)
+        weights = weights_file(ckpt, use_ema)
+        load_into(model, load_weights(weights), source=str(weights), strict=strict)
+        model.loaded_from = {"path": str(ckpt), "weights": weights.name, "config": config}
+        if dtype is not None:
+            model.to(dtype=dtype)
+        return model.to(device or "cpu").eval()
+
+    @classmethod
+    def _accepts_method(cls, method: str) -> bool:
+        """Whether checkpoints of ``method`` load into this class (a family shares one class)."""
+        return False
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Number of parameters (all, or those with ``requires_grad``)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """``config.json`` of a checkpoint / exported folder, with a one-line error when missing or corrupt."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        config = read_json(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file (not an exported model or checkpoint)") from None
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return config
+
+
+def weights_file(directory: Path, use_ema: bool | None) -> Path:
+    """The weights to load: ``ema.safetensors`` when present (unless ``use_ema`` is False)."""
+    ema = directory / EMA_FILE
+    if use_ema is True and not ema.is_file():
+        raise CheckpointError(f"{directory}: use_ema=True but there is no {EMA_FILE} (trained without trainer.ema_decay?)")
+    if use_ema is not False and ema.is_file():
+        return ema
+    return directory / MODEL_FILE
+
+
+def load_pretrained(path: str | Path, **kwargs: Any) -> PreTrainedModel:
+    """Load any method's model: the class is the one its method registered (``core.registry.MODELS``)."""
+    from core.registry import MODELS, load_plugins
+
+    load_plugins()
+    ckpt = resolve_checkpoint(path)
+    method = read_config(ckpt).get("method")
+    if not method:
+        raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method")
+    if method not in MODELS:
+        raise CheckpointError(f"{ckpt}: method {method!r} registers no model class (known: {', '.join(MODELS.names())})")
+    return MODELS.get(method).from_pretrained(ckpt, **kwargs)

@@ -1,0 +1,268 @@
+"""``embodied``: one command line for simulator rollouts, training, evaluation and inference.
+
+Every sub-command explains itself with ``--help``, shows a progress bar for long work, writes results
+atomically, and answers bad input with one line on stderr and a non-zero exit:
+    2  bad input (missing / corrupt file, unknown config key, bad argument)
+    3  the command's method is not built yet
+    130 interrupted
+
+Heavy modules are imported inside the command functions, so ``embodied --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from core.errors import EmbodiedError, NotBuiltError
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_BUILT = 3
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="run every part that exists, tiny, on embedded defaults; writes index.html",
+                       description="The main job: each built part of the workspace runs tiny on embedded "
+                                   "defaults and the results land in OUT/index.html (a page to open).")
+    p.add_argument("--out", default="outputs/demo", help="output directory (default: %(default)s)")
+    p.add_argument("--only", nargs="*", default=None, help="run only these demo sections (by name)")
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args) -> int:
+    from embodied.demo import run_demo
+
+    return run_demo(args.out, only=args.only)
+
+
+def _add_infer(sub) -> None:
+    """One sub-command per registered ``InferSpec`` (and a one-line "not built" for the planned ones)."""
+    from core.registry import INFER
+    from embodied.methods import PLANNED_INFER
+
+    p = sub.add_parser("infer", help="image / video inference with a method's model",
+                       description="Inference with a trained or shipped checkpoint.")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+    specs = {kind: (INFER.meta(kind)["spec"].help, INFER.meta(kind)["spec"].arguments) for kind in INFER.names()}
+    for kind, (_method, helptext, arguments) in PLANNED_INFER.items():
+        specs.setdefault(kind, (helptext, arguments))
+    for kind in sorted(specs):
+        helptext, arguments = specs[kind]
+        k = kinds.add_parser(kind, help=helptext, description=helptext)
+        k.add_argument("--checkpoint", default=None, help="checkpoint or exported model folder "
+                                                          "(default: the one shipped in assets/)")
+        for name, kw in arguments:
+            k.add_argument(name, **kw)
+        rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")), None)
+        k.set_defaults(func=_cmd_infer, rest_dest=rest)
+
+
+def _cmd_infer(args) -> int:
+    from core.registry import INFER
+    from embodied.methods import PLANNED, PLANNED_INFER
+
+    if args.kind not in INFER:
+        method = PLANNED_INFER[args.kind][0]
+        raise NotBuiltError(f"`embodied infer {args.kind}` needs {method} ({PLANNED[method][0]}), which is not built yet")
+    return INFER.get(args.kind)(args)
+
+
+def _add_sim(sub) -> None:
+    p = sub.add_parser("sim", help="simulators: list environments, roll out policies, make datasets",
+                       description="Simulator environments (manipulation suite, LIBERO, driving), rollouts "
+                                   "that record HDF5 + mp4, and dataset renderers for perception.")
+    try:
+        from sim.cli import configure_parser
+    except ModuleNotFoundError as e:
+        if e.name != "sim.cli":
+            raise
+        p.set_defaults(func=lambda a: _not_built("the simulator CLI (sim/cli.py)"))
+        return
+    configure_parser(p)
+
+
+def _add_drive(sub) -> None:
+    p = sub.add_parser("drive", help="closed-loop driving evaluation",
+                       description="Closed-loop driving evaluation in the highway-env scenarios.")
+    d = p.add_subparsers(dest="drive_cmd", metavar="CMD", required=True)
+    e = d.add_parser("eval", help="drive N episodes with a policy and report closed-loop metrics",
+                     description="Drive N episodes of a scenario with a policy; writes per-episode metrics, "
+                                 "an aggregate (route completion, collisions, driving score) and videos.")
+    e.add_argument("--policy", required=True, help="automot | idm | constant | random | CHECKPOINT")
+    e.add_argument("--scenario", default="highway", help="highway | merge | roundabout | intersection | racetrack")
+    e.add_argument("--episodes", type=_positive_int, default=5)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", required=True)
+    e.add_argument("--no-video", action="store_true")
+    e.set_defaults(func=_cmd_drive_eval)
+
+
+def _cmd_drive_eval(args) -> int:
+    try:
+        from driving.evaluate import drive_eval
+    except ModuleNotFoundError as e:
+        if e.name not in ("driving.evaluate",):
+            raise
+        return _not_built("the closed-loop driving evaluator (driving/evaluate.py)")
+    return drive_eval(args)
+
+
+def _add_train_eval(sub) -> None:
+    from core.registry import method_specs
+
+    flags = {f.name: f for spec in method_specs() for f in spec.flags}
+    for verb, helptext in (("train", "train a method with the shared trainer"), ("eval", "evaluate a method")):
+        p = sub.add_parser(verb, help=helptext,
+                           description=f"{helptext.capitalize()}. METHOD's experiment config "
+                                       "(configs/experiment/METHOD.yaml) is composed with the Hydra overrides "
+                                       "that follow, e.g. `debug=tiny trainer.max_steps=10`. Flags may stand "
+                                       "anywhere among the overrides.")
+        p.add_argument("method", metavar="METHOD")
+        p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value, group=option)")
+        p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        for flag in flags.values():
+            if verb in flag.verbs:
+                owners = [s.name for s in method_specs() if flag in s.flags]
+                p.add_argument(flag.name, choices=flag.choices, default=None, dest=_flag_dest(flag.name),
+                               help=f"{flag.help} (= {flag.override}=...; {', '.join(owners)})")
+        p.set_defaults(func=_cmd_task, rest_dest="overrides", rest_needs="=")
+
+
+def _flag_dest(name: str) -> str:
+    return "flag_" + name.lstrip("-").replace("-", "_")
+
+
+def _method_config(args):
+    from core.config import compose
+    from core.errors import ConfigError
+    from core.registry import METHODS, load_plugins, method_specs
+    from embodied.methods import PLANNED
+
+    load_plugins()
+    if args.method not in METHODS:
+        if args.method in PLANNED:
+            raise NotBuiltError(f"method {args.method!r} ({PLANNED[args.method][0]}) is not built yet")
+        known = ", ".join(METHODS.names()) or "none yet"
+        raise ConfigError(f"unknown method {args.method!r} (built: {known})")
+    spec = METHODS.meta(args.method)["spec"]
+    overrides = list(args.overrides)
+    for name, value in vars(args).items():
+        if not name.startswith("flag_") or value is None:
+            continue
+        flag = next((f for f in spec.flags if _flag_dest(f.name) == name), None)
+        if flag is None:
+            owners = [s.name for s in method_specs() if any(_flag_dest(f.name) == name for f in s.flags)]
+            raise ConfigError(f"--{name[5:].replace('_', '-')}: method {args.method!r} has no such option "
+                              f"({', '.join(owners)} {'has' if len(owners) == 1 else 'have'})")
+        overrides.append(f"{flag.override}={value}")
+    cfg = compose([f"experiment={args.method}", *overrides])
+    return METHODS.get(args.method), cfg
+
+
+def _cmd_task(args) -> int:
+    """`embodied train|eval METHOD`: compose the experiment config and call the method's task function."""
+    module, cfg = _method_config(args)
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    from core.bootstrap import prepare_process
+
+    prepare_process()
+    fn = module.train if args.command == "train" else module.evaluate
+    result = fn(cfg)
+    print(f"{'trained' if args.command == 'train' else 'evaluated'} {args.method}: {result}")
+    return 0
+
+
+def _add_methods(sub) -> None:
+    p = sub.add_parser("methods", help="list the workspace's methods and whether each is built")
+    p.set_defaults(func=_cmd_methods)
+
+
+def _cmd_methods(args) -> int:
+    from embodied.methods import status
+
+    rows = status()
+    w = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"{r['name']:<{w}}  {r['built']:<3}  {r['folder']:<22}  {r['description']}")
+    return 0
+
+
+def _not_built(what: str) -> int:
+    raise NotBuiltError(f"{what} is not built yet")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; the registered methods supply the infer commands and train / eval flags."""
+    from core.registry import load_plugins
+
+    load_plugins()
+    parser = argparse.ArgumentParser(
+        prog="embodied",
+        description="Embodied-AI workspace: simulators, training, closed-loop evaluation and inference.",
+        epilog="Exit codes: 0 ok, 2 bad input, 3 method not built yet. `embodied COMMAND --help` for more.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_demo(sub)
+    _add_infer(sub)
+    _add_sim(sub)
+    _add_drive(sub)
+    _add_train_eval(sub)
+    _add_methods(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``embodied`` console script; returns the exit code."""
+    from core.bootstrap import set_headless_env
+
+    set_headless_env()
+    try:
+        parser = build_parser()
+    except EmbodiedError as e:  # a broken method registration
+        print(f"embodied: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Flags may stand anywhere: after `eval sola --rotate so3 debug=tiny` or `infer normals a.png --out o
+        # b.png`, argparse has closed the command's positional list at the flag; the leftovers join it.
+        dest, needs = getattr(args, "rest_dest", None), getattr(args, "rest_needs", "")
+        if dest and all(not x.startswith("-") and needs in x for x in extra):
+            setattr(args, dest, [*(getattr(args, dest) or []), *extra])
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        code = args.func(args)
+    except NotBuiltError as e:
+        print(f"embodied: {e}", file=sys.stderr)
+        return EXIT_NOT_BUILT
+    except EmbodiedError as e:
+        print(f"embodied: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("embodied: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

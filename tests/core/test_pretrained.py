@@ -1,0 +1,160 @@
+"""The pretrained-model contract: export / load round trips, EMA weights by default, strict configs, cards."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from core.checkpoint import EMA_FILE, MODEL_FILE, load_weights, resolve_checkpoint
+from core.errors import CheckpointError
+from core.pretrained import PreTrainedModel, dataclass_from_dict, read_card
+
+
+@dataclasses.dataclass
+class _Inner:
+    depth: int = 1
+
+
+@dataclasses.dataclass
+class ToyConfig:
+    in_dim: int = 8
+    hidden: int = 16
+    out_dim: int = 4
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+class ToyPretrained(PreTrainedModel):
+    config_class = ToyConfig
+    method = "toy"
+
+    def __init__(self, config: ToyConfig):
+        super().__init__()
+        self.config = config
+        self.net = nn.Sequential(nn.Linear(config.in_dim, config.hidden), nn.GELU(),
+                                 nn.Linear(config.hidden, config.out_dim))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch):
+        return {"loss": nn.functional.mse_loss(self(batch["x"]), batch["y"])}
+
+
+def test_contract_is_checked_when_a_class_is_defined():
+    with pytest.raises(TypeError, match="config_class"):
+        class NoConfig(PreTrainedModel):  # noqa: F841
+            pass
+
+    class Family(PreTrainedModel):  # an abstract base may skip it
+        abstract = True
+
+
+def test_save_pretrained_round_trip_is_bit_exact_with_a_card(tmp_path):
+    torch.manual_seed(0)
+    model = ToyPretrained(ToyConfig(hidden=12, inner=_Inner(depth=3))).eval()
+    out = model.save_pretrained(tmp_path / "export", card={"data": "toy regression", "command": "pytest",
+                                                           "metrics": {"mse": 0.5}})
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    card = read_card(out)
+    assert card["method"] == "toy" and card["metrics"] == {"mse": 0.5} and card["parameters"] == model.num_parameters()
+    assert card["model_class"].endswith(":ToyPretrained")
+    loaded = ToyPretrained.from_pretrained(out)
+    assert loaded.config == model.config and isinstance(loaded.config.inner, _Inner)
+    x = torch.randn(5, 8)
+    assert torch.equal(loaded(x), model(x))
+    assert not loaded.training
+
+
+def test_from_pretrained_rejects_unknown_keys_and_other_methods(tmp_path):
+    model = ToyPretrained(ToyConfig())
+    out = model.save_pretrained(tmp_path / "export")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["model"]["hiden"] = 3
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"unknown config key\(s\) \['hiden'\]"):
+        ToyPretrained.from_pretrained(out)
+    cfg["model"].pop("hiden")
+    cfg["method"] = "sola"
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="a 'sola' checkpoint, not 'toy'"):
+        ToyPretrained.from_pretrained(out)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        ToyPretrained.from_pretrained(tmp_path / "nothing")
+
+
+def test_dataclass_from_dict_nested():
+    cfg = dataclass_from_dict(ToyConfig, {"hidden": 4, "inner": {"depth": 2}})
+    assert cfg.inner == _Inner(depth=2)
+    with pytest.raises(CheckpointError, match="model.inner"):
+        dataclass_from_dict(ToyConfig, {"inner": {"depht": 2}})
+
+
+def _train_with_ema(tmp_path):
+    from core.config import TrainerConfig
+    from core.testing import ToyRegressionDataset
+    from core.trainer import Trainer, seed_everything
+
+    seed_everything(0)
+    model = ToyPretrained(ToyConfig())
+    cfg = TrainerConfig(max_steps=6, batch_size=8, ckpt_every=6, device="cpu", tensorboard=False, progress=False,
+                        ema_decay=0.5, optim={"lr": 1e-2})
+    run_config = {"method": "toy", "model": dataclasses.asdict(model.config)}
+    Trainer(model, ToyRegressionDataset(n=32), cfg, tmp_path / "run", run_config=run_config).fit()
+    return tmp_path / "run"
+
+
+def test_from_pretrained_uses_the_ema_weights_of_a_training_run(tmp_path):
+    run = _train_with_ema(tmp_path)
+    ckpt = resolve_checkpoint(run)
+    ema, raw = load_weights(ckpt / EMA_FILE), load_weights(ckpt / MODEL_FILE)
+    assert any(not torch.equal(ema[k], raw[k]) for k in raw), "EMA and raw weights should differ after 6 steps"
+    default = ToyPretrained.from_pretrained(run)  # a run directory resolves to its newest checkpoint
+    assert default.loaded_from["weights"] == EMA_FILE
+    assert all(torch.equal(v, ema[k]) for k, v in default.state_dict().items())
+    plain = ToyPretrained.from_pretrained(run, use_ema=False)
+    assert all(torch.equal(v, raw[k]) for k, v in plain.state_dict().items())
+    exported = default.save_pretrained(tmp_path / "export")
+    with pytest.raises(CheckpointError, match="use_ema=True"):
+        ToyPretrained.from_pretrained(exported, use_ema=True)
+
+
+def test_from_pretrained_never_reads_the_training_state(tmp_path):
+    run = _train_with_ema(tmp_path)
+    ckpt = resolve_checkpoint(run)
+    (ckpt / "training_state.safetensors").write_bytes(b"corrupt")  # a loader that touched it would fail
+    (ckpt / "training_state.json").write_text("{not json")
+    ToyPretrained.from_pretrained(run)
+
+
+def test_from_pretrained_casts_dtype(tmp_path):
+    out = ToyPretrained(ToyConfig()).save_pretrained(tmp_path / "e")
+    m = ToyPretrained.from_pretrained(out, dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in m.parameters())
+
+
+def test_bc_eval_policy_uses_ema_weights(tmp_path):
+    """The closed-loop policy (what `embodied eval bc` rolls out) is built from the EMA weights."""
+    import gymnasium as gym
+
+    from core.checkpoint import load_policy, save_checkpoint
+    from worldmodels.bc.configuration_bc import BCConfig
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+
+    torch.manual_seed(0)
+    cfg = BCConfig(action_dim=7, proprio_dim=9, image_size=32)
+    model, ema = BCPolicyModel(cfg), BCPolicyModel(cfg)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(0.1)
+    save_checkpoint(tmp_path / "ck", model, {"method": "bc", "model": dataclasses.asdict(cfg)}, ema=ema)
+
+    class _Env:
+        action_space = gym.spaces.Box(-1, 1, (7,))
+
+    policy = load_policy(tmp_path / "ck", _Env())
+    loaded = policy.model.state_dict()
+    assert all(torch.equal(v, ema.state_dict()[k]) for k, v in loaded.items())
