@@ -11,7 +11,7 @@ Layout of the config tree (``configs/``)::
 
 Typical use::
 
-    cfg = compose(["experiment=bc_reach", "debug=tiny", "trainer.max_steps=5"])
+    cfg = compose(["experiment=bc", "debug=tiny", "trainer.max_steps=5"])
     trainer_cfg = to_object(cfg.trainer)          # a validated TrainerConfig
     save_resolved(cfg, out_dir)                   # out_dir/config.yaml and config.json, atomically
 """
@@ -31,8 +31,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
 from core.io import write_json, write_text
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 _PRECISIONS = ("auto", "fp32", "bf16")
 _OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -290,25 +288,30 @@ def _store_schemas() -> None:
         _registered_in_store.add((group, name))
 
 
-# Modules whose import registers schemas. Light modules only (configuration_*.py), listed here so
-# that composing any config sees every schema — one place, no import-time side effects elsewhere.
-CONFIG_MODULES: list[str] = [
-    "worldmodels.bc.configuration_bc",
-    "perception.normals.configuration_transnormal",
-    "perception.spherical.configuration_sola",
-    "worldmodels.lacwm.configuration_lacwm",
-]
-
-
 def _import_config_modules() -> None:
+    """Import the config modules every registered method declares (``register_method(config=...)``).
+
+    A declared module that does not exist is a ``ConfigError`` naming it and its method, never skipped.
+    """
     import importlib
 
-    for mod in CONFIG_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:  # a module listed before its method lands
-            if e.name is None or not mod.startswith(e.name):
-                raise
+    from core.registry import method_specs
+
+    for spec in method_specs():
+        for mod in spec.config:
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as e:
+                if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):
+                    raise
+                raise ConfigError(f"method {spec.name!r} declares config module {mod!r}, which does not exist") from None
+
+
+def default_config_dir() -> Path:
+    """The config tree (``configs/``; see ``core.resources`` for where it is in a checkout and a wheel)."""
+    from core.resources import resource_dir
+
+    return resource_dir("configs")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,7 +329,7 @@ def compose(
     Args:
         overrides: Hydra override strings, e.g. ``["debug=tiny", "trainer.max_steps=5"]``.
         config_name: Root config file (without ``.yaml``).
-        config_dir: The config tree; defaults to the repository's ``configs/``.
+        config_dir: The config tree; defaults to ``default_config_dir()``.
         validate: Also build every structured node into its dataclass (runs ``__post_init__``).
 
     Returns:
@@ -337,7 +340,7 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
 
     _store_schemas()
-    config_dir = Path(config_dir or CONFIG_DIR).resolve()
+    config_dir = Path(config_dir or default_config_dir()).resolve()
     if not config_dir.is_dir():
         raise ConfigError(f"config directory {config_dir} does not exist")
     GlobalHydra.instance().clear()

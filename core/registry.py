@@ -4,7 +4,7 @@ Entries are registered by name, either as an object or as a lazy string target `
 that is imported only when the entry is first asked for — so registering imports nothing heavy and
 ``embodied --help`` stays fast. The same mechanism serves every kind of entry::
 
-    MODELS.register("transnormal", "perception.normals.modeling_transnormal:TransNormalModel")
+    MODELS.register("mymethod", "mypkg.modeling_mymethod:MyModel")
 
     @MODELS.register("tiny_mlp")
     class TinyMLP(nn.Module): ...
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
@@ -130,7 +131,116 @@ MODELS = Registry("model")
 PIPELINES = Registry("pipeline")
 DATASETS = Registry("dataset")
 POLICIES = Registry("policy")
-# A method bundles what `embodied train|eval METHOD` needs: a module with `train(cfg)` and
-# `evaluate(cfg)` task functions and the name of its Hydra experiment config. Methods register
-# themselves in core/methods.py (lazy strings), so the CLI can list them without importing them.
+# `embodied train|eval METHOD`: the task module (train(cfg) / evaluate(cfg)); metadata holds the MethodSpec.
 METHODS = Registry("method")
+# `embodied infer KIND`: function (args) -> exit code; metadata holds the InferSpec (help + argument specs).
+INFER = Registry("inference command")
+# `embodied demo` sections: fn(DemoContext) -> DemoSection.
+DEMOS = Registry("demo section")
+
+# ----------------------------------------------------------------------------------------------
+# Methods register themselves: each method folder has a ``register.py`` that calls ``register_method``,
+# and names that module once in the distribution's entry points (group ``embodied.methods``). Core reads
+# the entry points generically, so it names no method, and a method living in another distribution
+# registers the same way.
+
+ENTRY_POINT_GROUP = "embodied.methods"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A train / eval command-line flag that is shorthand for a config override.
+
+    ``--rotate so3`` with ``Flag("--rotate", "data.rotate", choices=("none", "yaw", "so3"))`` becomes the
+    override ``data.rotate=so3``; the config must have the key (checked when composing).
+    """
+
+    name: str
+    override: str
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+    verbs: tuple[str, ...] = ("eval",)
+
+
+@dataclass(frozen=True)
+class InferSpec:
+    """An ``embodied infer KIND`` command: help text, argparse argument specs and the function to call."""
+
+    kind: str
+    target: str  # "module:function", called with the parsed args, returns an exit code
+    help: str
+    arguments: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Everything a method declares about itself, in one call of ``register_method``."""
+
+    name: str
+    folder: str
+    description: str
+    task: str  # module with train(cfg) / evaluate(cfg); its experiment config is configs/experiment/<name>.yaml
+    config: tuple[str, ...] = ()  # modules whose import registers the method's config schemas (light)
+    model: str | None = None  # "module:Class" of its PreTrainedModel (core.pretrained.load_pretrained)
+    policy: str | None = None  # "module:function" (checkpoint_dir, env) -> sim.api.Policy
+    demo: str | None = None  # "module:function" (DemoContext) -> DemoSection
+    infer: tuple[InferSpec, ...] = ()
+    flags: tuple[Flag, ...] = ()
+
+
+def register_method(name: str, *, folder: str, description: str, task: str, config: str | Sequence[str] = (),
+                    model: str | None = None, policy: str | None = None, demo: str | None = None,
+                    infer: Sequence[InferSpec] = (), flags: Sequence[Flag] = ()) -> MethodSpec:
+    """Register a method's train / eval tasks, config modules, model class, policy, demo and infer commands.
+
+    Everything is given as lazy ``"module:attr"`` strings: registering imports nothing heavy.
+    Re-registering the same method (the module imported twice) replaces its entries.
+    """
+    spec = MethodSpec(name=name, folder=folder, description=description, task=task,
+                      config=(config,) if isinstance(config, str) else tuple(config), model=model, policy=policy,
+                      demo=demo, infer=tuple(infer), flags=tuple(flags))
+    METHODS.register(name, task, overwrite=True, spec=spec, folder=folder, description=description)
+    if model:
+        MODELS.register(name, model, overwrite=True)
+    if policy:
+        POLICIES.register(name, policy, overwrite=True)
+    if demo:
+        DEMOS.register(name, demo, overwrite=True)
+    for inf in spec.infer:
+        INFER.register(inf.kind, inf.target, overwrite=True, spec=inf, method=name)
+    return spec
+
+
+def method_specs() -> list[MethodSpec]:
+    """The registered methods' specs (after ``load_plugins``), by name."""
+    load_plugins()
+    return [METHODS._meta[n]["spec"] for n in METHODS.names() if "spec" in METHODS._meta[n]]
+
+
+_plugins_loaded = False
+
+
+def load_plugins(force: bool = False) -> list[str]:
+    """Import every registration module named in the ``embodied.methods`` entry points (once per process).
+
+    Returns the entry-point names. A name whose module does not exist is a ``ConfigError`` naming it (stale
+    install metadata: reinstall with ``make setup``), never a silent skip.
+    """
+    global _plugins_loaded
+    from importlib.metadata import entry_points
+
+    eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    if _plugins_loaded and not force:
+        return [e.name for e in eps]
+    _plugins_loaded = True  # set first: a registration module may itself ask for the registries
+    for ep in eps:
+        try:
+            importlib.import_module(ep.value.partition(":")[0])
+        except ModuleNotFoundError as e:
+            target = ep.value.partition(":")[0]
+            if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
+                raise
+            _plugins_loaded = False
+            raise ConfigError(f"entry point {ep.name!r} ({ENTRY_POINT_GROUP}) names missing module {target!r}; "
+                              "the installed metadata is stale — run `make setup`") from None
+    return [e.name for e in eps]

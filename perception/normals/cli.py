@@ -17,21 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
-from core.demo_sections import normals_to_rgb
 from core.errors import DataError
 from core.io import atomic_path, save_npy
 from core.logging import get_logger
+from core.resources import asset
+from core.viz import normals_to_rgb
 
 log = get_logger("embodied.transnormal")
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 VIDEO_EXTS = (".mp4", ".mov", ".avi", ".mkv")
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "assets" / "checkpoints" / "transnormal"
+DEFAULT_CHECKPOINT = asset("checkpoints", "transnormal")
 DEFAULT_FOV_DEG = 45.0
 
 
 def inference_device() -> dict:
-    """``from_checkpoint`` keyword arguments: CUDA in bfloat16 when available, else CPU in float32."""
+    """``from_pretrained`` keyword arguments: CUDA in bfloat16 when available, else CPU in float32."""
     import torch
 
     if torch.cuda.is_available():
@@ -104,8 +105,9 @@ def write_pointcloud(path: Path, normals: np.ndarray, depth: np.ndarray, rgb: np
 
 
 def infer(args) -> int:
-    """Entry point of ``embodied infer normals`` (argparse namespace from ``core.cli``); returns 0."""
-    from core.data.images import read_depth, read_image, write_image
+    """Entry point of ``embodied infer normals`` (argparse namespace from ``embodied.cli``); returns 0."""
+    from core.data.images import read_depth, write_image
+    from core.data.imread import read_image
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
     files = collect_inputs(list(args.inputs))
@@ -117,16 +119,12 @@ def infer(args) -> int:
             raise DataError("--pointcloud", "works on exactly one image (the one --depth belongs to)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pipe = TransNormalPipeline.from_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT, **inference_device())
+    pipe = TransNormalPipeline.from_pretrained(args.checkpoint or DEFAULT_CHECKPOINT, **inference_device())
     for f in files:
         if f.suffix.lower() in VIDEO_EXTS:
             _infer_video(pipe, f, out)
             continue
-        img = read_image(f)
-        if img.ndim == 2:
-            img = np.repeat(img[..., None], 3, axis=2)
-        if img.dtype != np.uint8:
-            raise DataError(f, f"expected an 8-bit image, got {img.dtype}")
+        img = read_image(f)  # (H, W, 3) uint8 RGB from any 8 / 16-bit, grey, alpha, palette or CMYK file
         n = pipe(img[..., :3]).normals[0].permute(1, 2, 0).numpy().astype(np.float32)  # (H, W, 3)
         write_image(out / f"{f.stem}_normals.png", normals_to_rgb(n))
         save_npy(out / f"{f.stem}_normals.npy", n)

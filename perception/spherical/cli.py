@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import DataError
+from core.resources import asset
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "assets" / "checkpoints" / "sola"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+DEFAULT_CHECKPOINT = asset("checkpoints", "sola")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".exr", ".hdr")
+HDR_SUFFIXES = (".exr", ".hdr")
 
 
 def palette(n: int) -> np.ndarray:
@@ -42,29 +44,39 @@ def _inputs(paths: list[str]) -> list[Path]:
     return files
 
 
+def read_panorama(path: Path) -> np.ndarray:
+    """An equirectangular panorama as (H, 2H, 3) uint8 sRGB: HDR files (.exr / .hdr, linear radiance) are
+    tone-mapped (``core.data.panoramas.tonemap_to_srgb``, Reinhard with automatic exposure), others read as is."""
+    from core.data.imread import read_image
+    from core.data.panoramas import read_equirect, tonemap_to_srgb
+
+    if path.suffix.lower() in HDR_SUFFIXES:
+        return tonemap_to_srgb(read_equirect(path))
+    rgb = read_image(path)
+    h, w = rgb.shape[:2]
+    if w != 2 * h:
+        raise DataError(path, f"panorama is {w}x{h}, expected width = 2 x height (equirectangular)")
+    return rgb
+
+
 def infer(args) -> int:
     """Run the checkpoint on every panorama in ``args.inputs``; write results to ``args.out``."""
     import cv2
     import torch
 
-    from core.demo_sections import colorize
     from core.io import atomic_path, write_json
-    from perception.spherical.task import load_model
+    from core.viz import colorize
+    from perception.spherical.modeling_sola import SoLAModel
 
     ckpt = Path(getattr(args, "checkpoint", None) or DEFAULT_CHECKPOINT)
-    model = load_model(ckpt)
+    model = SoLAModel.from_pretrained(ckpt)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pal = palette(model.config.num_classes)
     written = []
     for f in _inputs(list(args.inputs)):
-        bgr = cv2.imread(str(f), cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise DataError(f, "not a readable image")
-        h, w = bgr.shape[:2]
-        if w != 2 * h:
-            raise DataError(f, f"panorama is {w}x{h}, expected width = 2 x height (equirectangular)")
-        rgb = torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1)))[None]
+        rgb8 = read_panorama(f)
+        rgb = torch.from_numpy(np.ascontiguousarray(rgb8.transpose(2, 0, 1)))[None]
         pred = model.predict(rgb)
         depth = pred["depth"][0, 0].numpy().astype(np.float32)
         sem = pred["semantic"][0].numpy().astype(np.uint8)

@@ -7,19 +7,19 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from core.config import CONFIG_DIR, TrainerConfig, compose, save_resolved, to_object
+from core.config import TrainerConfig, compose, default_config_dir, save_resolved, to_object
 from core.errors import ConfigError
 
 GROUPS = ["model", "data", "env", "trainer", "experiment", "debug"]
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    return sorted(p.stem for p in (default_config_dir() / group).glob("*.yaml"))
 
 
 def test_every_group_has_options():
     for group in GROUPS:
-        assert (CONFIG_DIR / group).is_dir(), group
+        assert (default_config_dir() / group).is_dir(), group
     assert "tiny" in _options("debug")
 
 
@@ -56,7 +56,7 @@ def test_bad_keys_and_values_fail_with_the_name(overrides, needle):
 def test_typo_in_a_yaml_file_is_caught(tmp_path):
     (tmp_path / "trainer").mkdir()
     for name in ("config.yaml",):
-        (tmp_path / name).write_text((CONFIG_DIR / name).read_text())
+        (tmp_path / name).write_text((default_config_dir() / name).read_text())
     (tmp_path / "trainer" / "default.yaml").write_text("defaults:\n  - trainer_schema\n  - _self_\nbach_size: 3\n")
     with pytest.raises(ConfigError, match="bach_size"):
         compose([], config_dir=tmp_path)

@@ -64,3 +64,29 @@ def test_missing_dependency_of_a_target_keeps_its_traceback(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="jsonish"):
         import_target("jsonish_mod:x")
+
+
+def test_a_misspelt_config_module_of_a_method_is_an_error(monkeypatch):
+    """Was: core.config skipped a listed config module that did not import (the method's schemas vanished)."""
+    from core import registry
+    from core.config import compose
+    from core.errors import ConfigError
+
+    registry.load_plugins()  # the real registrations first, so the copies below hold them
+    monkeypatch.setattr(registry.METHODS, "_entries", dict(registry.METHODS._entries))
+    monkeypatch.setattr(registry.METHODS, "_meta", dict(registry.METHODS._meta))
+    registry.register_method("ghost", folder="x", description="x", task="x.task",
+                             config="worldmodels.bc.configuration_bcc")
+    with pytest.raises(ConfigError, match="method 'ghost' declares config module 'worldmodels.bc.configuration_bcc'"):
+        compose(["experiment=bc"])
+
+
+def test_methods_register_themselves_through_entry_points():
+    from core.registry import INFER, METHODS, MODELS, load_plugins, method_specs
+
+    names = load_plugins()
+    assert {"bc", "sola", "transnormal", "lacwm"} <= set(names)
+    assert {"bc", "sola", "transnormal", "lacwm", "eacwm"} <= set(METHODS.names())
+    assert {"normals", "depth360"} <= set(INFER.names())
+    assert MODELS.get("sola").__name__ == "SoLAModel"
+    assert all(s.config for s in method_specs()), "every method declares its config module"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from embodied.cli import EXIT_BAD_INPUT, EXIT_NOT_BUILT, build_parser, main
 
 CONTRACT = [

@@ -1,1 +1,1 @@
-"""Behaviour-cloning proposal policy (image + proprio -> action chunk); see modeling_bc.py."""
+"""Behaviour-cloning policy (image + proprio -> action chunk); see modeling_bc.py."""

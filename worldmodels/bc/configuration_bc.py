@@ -1,4 +1,4 @@
-"""Configuration of the behaviour-cloning proposal policy (light: no torch import)."""
+"""Configuration of the behaviour-cloning policy (light: no torch import)."""
 
 from __future__ import annotations
 

@@ -72,8 +72,8 @@ def test_cached_recording_with_other_settings_is_refused(tmp_path):
 @pytest.mark.timeout(900)
 def test_pretraining_records_and_uses_libero_interaction(tmp_path):
     """LIBERO scenes join the pretraining data through the same recorder and trajectory loader."""
-    from core.cli import main
     from core.data.trajectories import TrajectoryFile
+    from embodied.cli import main
 
     data = tmp_path / "data"
     args = ["train", "lacwm", "model=lacwm_tiny", "debug=tiny", f"data.root={data}",

@@ -1,0 +1,14 @@
+"""Registers the behaviour-cloning reference method (named in pyproject's ``embodied.methods`` entry points)."""
+
+from core.registry import register_method
+
+register_method(
+    "bc",
+    folder="worldmodels/bc",
+    description="behaviour cloning with action chunks (the reference method of the pattern)",
+    task="worldmodels.bc.task",
+    config="worldmodels.bc.configuration_bc",
+    model="worldmodels.bc.modeling_bc:BCPolicyModel",
+    policy="worldmodels.bc.task:load_policy",
+    demo="worldmodels.bc.demo:demo_section",
+)
