@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering.
-DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2
+# Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
+# real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas).
+DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 export SDL_VIDEODRIVER ?= dummy

