@@ -9,11 +9,20 @@ Ratios (measured in one run; absolute times on these shared machines vary 1x-20x
     vector_speedup_<k>        env steps/s with ``k`` sub-envs (async workers) / with one sync env.
                               Higher is better; bounded by the number of free cores (2 here).
     lift_expert_success       scripted-expert success rate on Lift-Panda (higher is better; floor 0.7).
+    policy_batched_4_vs_1     wall time per env step of a ``sim.rollout`` with a learned policy (BC, default
+                              config, randomly initialised, 64 px images, sync vectorisation) over 4 sub-envs
+                              / over 1, timed from the first to the last ``act_batch`` call (env creation and
+                              first resets left out). The policy acts for the 4 envs with one batched forward
+                              per step (``BCPolicy.act_batch``). Lower is better; < 1 means batching saves
+                              policy time per env step. Bounded below by the env's share of a step: MuJoCo
+                              physics + llvmpipe rendering dominate on CPU, so expect 0.9 - 1 here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import statistics
 import time
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -22,7 +31,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 import gymnasium as gym  # noqa: E402
 import mujoco  # noqa: E402
 
-from benchmarks.common import parse_args, print_table, write_result  # noqa: E402
+from benchmarks.common import default_device, parse_args, print_table, write_result  # noqa: E402
 
 ENV_ID = "embodied/Lift-Panda-v0"
 
@@ -76,6 +85,42 @@ def _vector_steps_per_s(env_id: str, num_envs: int, steps: int, vectorization: s
         envs.close()
 
 
+def _timed_bc_policy(stamps: list[float], env: gym.Env, device: str = "cpu"):
+    """A randomly initialised ``BCPolicy`` (default ``BCConfig``) sized for ``env``'s action / proprio / image
+    dims, appending ``time.perf_counter()`` to ``stamps`` at the start of every ``act_batch`` call."""
+    import torch
+
+    from worldmodels.bc.configuration_bc import BCConfig
+    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+
+    class TimedBCPolicy(BCPolicy):
+        def act_batch(self, obs, infos=None):
+            stamps.append(time.perf_counter())
+            return super().act_batch(obs, infos)
+
+    torch.manual_seed(0)
+    space = env.observation_space
+    cfg = BCConfig(action_dim=env.action_space.shape[0], proprio_dim=space["proprio"].shape[0],
+                   image_size=space["image"].shape[0])
+    return TimedBCPolicy(BCPolicyModel(cfg), env.action_space.low, env.action_space.high, device=device)
+
+
+def policy_rollout_step_s(num_envs: int, steps: int, image_size: int, device: str) -> float:
+    """Wall seconds per env step of a ``sim.rollout`` with a BC policy on ``num_envs`` sync sub-envs.
+
+    ``num_envs`` episodes of ``steps`` steps run side by side (no resets mid-way); the clock runs from the
+    first ``act_batch`` call to the last, so it covers ``steps - 1`` whole vector steps (act + env step +
+    bookkeeping) and leaves out env creation and first resets, whose cost grows with ``num_envs``.
+    """
+    from sim.rollout import RolloutConfig, rollout
+
+    stamps: list[float] = []
+    rc = RolloutConfig(ENV_ID, episodes=num_envs, num_envs=num_envs, seed=0, env_kwargs={"image_size": image_size},
+                       max_episode_steps=steps, progress=False)
+    rollout(rc, policy=functools.partial(_timed_bc_policy, stamps, device=device))
+    return (stamps[-1] - stamps[0]) / ((len(stamps) - 1) * num_envs)
+
+
 def main() -> None:
     args = parse_args(__doc__)
     import sim
@@ -105,6 +150,18 @@ def main() -> None:
     n_eps = 5 if args.quick else 20
     res = rollout(RolloutConfig(ENV_ID, episodes=n_eps, env_kwargs={"image_size": 0}, progress=False))
     ratios["lift_expert_success"] = res.summary["success_rate"]
+
+    device = default_device(args.device)
+    pol_steps, pol_repeats, pol_px = (8, 3, 64) if args.quick else (48, 5, 64)
+    policy_rollout_step_s(1, 3, pol_px, device)  # warm-up: torch, renderer
+    per_step: dict[int, list[float]] = {1: [], 4: []}
+    for _ in range(pol_repeats):  # interleaved, so drift on a shared machine hits both alike
+        for k in per_step:
+            per_step[k].append(policy_rollout_step_s(k, pol_steps, pol_px, device))
+    pol = {k: statistics.median(v) for k, v in per_step.items()}
+    ratios["policy_batched_4_vs_1"] = pol[4] / pol[1]
+    for k, v in pol.items():
+        rows.append({"setting": f"sync x{k} + BC policy ({pol_px} px, batched)", "steps_per_s": 1.0 / v})
     print_table(rows)
     write_result(
         "sim",
@@ -120,8 +177,11 @@ def main() -> None:
             "vector_steps_per_s": {str(k): v for k, v in vec.items()},
             "expert_episodes": n_eps,
             "expert_mean_length": res.summary["mean_length"],
+            "bc_policy_rollout_s_per_env_step": {str(k): v for k, v in pol.items()},
         },
-        config={"env_id": ENV_ID, "steps": steps, "vector_counts": list(counts), "cpu_count": os.cpu_count()},
+        config={"env_id": ENV_ID, "steps": steps, "vector_counts": list(counts), "cpu_count": os.cpu_count(),
+                "policy_rollout": {"steps": pol_steps, "repeats": pol_repeats, "image_size": pol_px,
+                                   "num_envs": list(per_step), "device": device}},
     )
 
 

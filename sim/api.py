@@ -22,12 +22,20 @@ HDF5 as ``obs/<key>`` by the recorder.
     ``failure``       str, present only when the episode ended because the simulator failed
                       (e.g. "physics diverged: NaN in qpos"); the step is then ``terminated``.
 
-Policies: ``env.unwrapped.make_expert(noise=..., seed=...)`` returns a scripted expert; experts and
-the random policy follow ``Policy`` below.
+Policies come in two shapes:
+    ``Policy``         per env: ``reset(seed)``, ``act(obs, info) -> (A,)``. Scripted experts
+                       (``env.unwrapped.make_expert(noise=..., seed=...)``, privileged: they read their env's
+                       state) and ``RandomPolicy`` are per-env policies.
+    ``BatchedPolicy``  K envs at once: ``reset(seed, index)``, ``act_batch(obs, infos) -> (K, A)`` with
+                       ``obs`` holding (K, ...) arrays; one call (one model forward) per vector step. Learned
+                       policies implement it natively (``worldmodels.bc.modeling_bc.BCPolicy``).
+``PerEnvPolicies`` turns K per-env policies into a ``BatchedPolicy`` by looping over them (experts are
+cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -46,6 +54,79 @@ class Policy(Protocol):
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """Return the action for this step."""
+
+
+@runtime_checkable
+class BatchedPolicy(Protocol):
+    """Maps a batch of K observations, one per env index, to K actions in one call.
+
+    Env index ``i`` in ``[0, K)`` is a slot of a vector env: the policy keeps per-index state (the
+    pending actions of a chunk, an RNG, a recurrent state) that ``reset(seed, index=i)`` clears when slot
+    ``i`` starts a new episode, without touching the other indices. ``K`` may differ between policies but
+    is fixed within a rollout. Obs keys are those of the env's ``Dict`` space (``{"obs": ...}`` for a
+    non-dict space).
+    """
+
+    def reset(self, seed: int | None = None, index: int | None = None) -> None:
+        """Start a new episode in env ``index`` (every env when None), seeding its noise with ``seed``."""
+
+    def act_batch(self, obs: dict[str, np.ndarray], infos: Sequence[dict[str, Any]]) -> np.ndarray:
+        """Actions for K envs.
+
+        Args:
+            obs: key -> (K, ...) array, row ``i`` the last observation of env ``i`` (images uint8).
+            infos: K info dicts, ``infos[i]`` the last ``info`` of env ``i``.
+
+        Returns:
+            (K, A) float32 actions in the env's action space, row ``i`` for env ``i``.
+        """
+
+
+def is_batched(policy: Any) -> bool:
+    """Whether ``policy`` acts on batches natively (has a callable ``act_batch``)."""
+    return callable(getattr(policy, "act_batch", None))
+
+
+class PerEnvPolicies:
+    """``BatchedPolicy`` over K per-env ``Policy`` objects, policy ``i`` acting for env ``i`` in a loop.
+
+    For callers that hold K per-env policies themselves. A ``sim.rollout`` policy factory should return the
+    per-env policy of the env it is given instead: the rollout builds one per sub-env and loops over them
+    next to their envs (``sim.rollout.HostedPolicies``), which privileged experts need.
+
+    Args:
+        policies: One per-env policy per env index (K >= 1).
+    """
+
+    def __init__(self, policies: Sequence[Policy]):
+        if not policies:
+            raise ValueError("PerEnvPolicies needs at least one policy")
+        self.policies = list(policies)
+
+    @property
+    def num_envs(self) -> int:
+        """K, the batch size ``act_batch`` expects."""
+        return len(self.policies)
+
+    def reset(self, seed: int | None = None, index: int | None = None) -> None:
+        """Reset policy ``index`` with ``seed``; with ``index=None`` every policy ``i`` with ``seed + i``.
+
+        ``seed + i`` (``None`` stays ``None``) follows ``gymnasium.vector``'s ``reset(seed=int)``.
+        """
+        if index is not None:
+            self.policies[index].reset(seed=seed)
+            return
+        for i, p in enumerate(self.policies):
+            p.reset(seed=None if seed is None else seed + i)
+
+    def act_batch(self, obs: dict[str, np.ndarray], infos: Sequence[dict[str, Any]]) -> np.ndarray:
+        """(K, A) float32: ``policies[i].act`` on row ``i`` of every key of ``obs`` and on ``infos[i]``."""
+        k = self.num_envs
+        sizes = {key: len(v) for key, v in obs.items()}
+        if len(infos) != k or any(n != k for n in sizes.values()):
+            raise ValueError(f"PerEnvPolicies: expected {k} observations and infos, got {sizes} and {len(infos)}")
+        return np.stack([np.asarray(p.act({key: v[i] for key, v in obs.items()}, infos[i]), dtype=np.float32)
+                         for i, p in enumerate(self.policies)])
 
 
 class RandomPolicy:

@@ -4,10 +4,17 @@ Works for every env family that keeps the ``sim.api`` contract. Episode ``j`` of
 env with seed ``seed + j`` and its policy with the same seed, whichever sub-env runs it, so a rollout's
 episodes do not depend on ``num_envs`` nor on sync vs async vectorisation.
 
-Policies run next to their env (inside the worker process for ``AsyncVectorEnv``): each sub-env is
-wrapped in ``PolicyHost``, which builds the policy from a picklable factory ``(env) -> Policy``, resets
-it with the episode seed and acts on the env's last observation and info. This is what lets privileged
-scripted experts (``env.unwrapped.make_expert``) run under ``AsyncVectorEnv``.
+Every vector step asks the policy for all K actions with ONE ``act_batch`` call (``sim.api.BatchedPolicy``).
+Policies are built from a picklable factory ``(env) -> Policy | BatchedPolicy``, once per sub-env, by
+the ``PolicyHost`` wrapper around each sub-env (inside the worker process for ``AsyncVectorEnv``):
+
+* a per-env ``Policy`` (scripted experts, random, the world-model planner) stays next to its env, is reset
+  with the episode seed whenever its env resets and acts on the env's last observation / info;
+  ``HostedPolicies`` is the batched adapter that loops over the hosts (one ``envs.call`` per step). This
+  is what lets privileged scripted experts (``env.unwrapped.make_expert``) run under ``AsyncVectorEnv``.
+* a natively batched policy (``sim.api.is_batched``, e.g. ``worldmodels.bc.modeling_bc.BCPolicy``) is
+  handed back to the rollout (pickled under async), which drives one instance for all K sub-envs from the
+  main process: one model forward per step, ``reset(seed, index=i)`` whenever slot ``i`` starts an episode.
 
 Example::
 
@@ -29,9 +36,17 @@ import gymnasium as gym
 import numpy as np
 
 from core.errors import ConfigError
-from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, Policy, RandomPolicy
+from sim.api import (
+    INFO_EEF_DELTA,
+    INFO_FAILURE,
+    INFO_SUCCESS,
+    BatchedPolicy,
+    Policy,
+    RandomPolicy,
+    is_batched,
+)
 
-PolicyFactory = Callable[[gym.Env], Policy]
+PolicyFactory = Callable[[gym.Env], Policy | BatchedPolicy]
 
 
 @dataclass
@@ -164,16 +179,26 @@ def policy_factory(policy: str, noise: float = 0.05) -> PolicyFactory:
 
 
 class PolicyHost(gym.Wrapper):
-    """Holds a policy next to its env: built by ``host_set_policy``, reset with each episode's seed."""
+    """Holds a per-env policy next to its env: built by ``host_set_policy``, reset with each episode's seed."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self._policy: Policy | None = None
         self._last: tuple[Any, dict[str, Any]] | None = None
 
-    def host_set_policy(self, factory: PolicyFactory) -> None:
-        """Build the policy from ``factory(env)``."""
-        self._policy = factory(self.env)
+    def host_set_policy(self, factory: PolicyFactory) -> BatchedPolicy | None:
+        """Build the policy from ``factory(env)``.
+
+        Returns:
+            None when it is a per-env policy (kept here: ``host_act`` acts with it); a natively batched
+            policy is returned to the caller instead of kept (it acts for every sub-env from the caller).
+        """
+        policy = factory(self.env)
+        if is_batched(policy):
+            self._policy = None
+            return policy
+        self._policy = policy
+        return None
 
     def host_act(self) -> np.ndarray:
         """The policy's action for the env's last observation / info."""
@@ -192,6 +217,49 @@ class PolicyHost(gym.Wrapper):
         out = self.env.step(action)
         self._last = (out[0], out[4])
         return out
+
+
+class HostedPolicies:
+    """``BatchedPolicy`` adapter over the per-env policies held by a vector env's ``PolicyHost`` sub-envs.
+
+    ``act_batch`` is one ``envs.call("host_act")``: a loop over the sub-envs (run in parallel in the
+    workers under async); each host acts on its own env's last observation / info, so ``obs`` / ``infos``
+    are not used. Hosts reset their policy with their env, so ``reset`` has nothing to do.
+    """
+
+    def __init__(self, envs: gym.vector.VectorEnv):
+        self.envs = envs
+
+    def reset(self, seed: int | None = None, index: int | None = None) -> None:
+        """No-op: ``PolicyHost.reset`` already reset the policy with the env's episode seed."""
+
+    def act_batch(self, obs: dict[str, np.ndarray], infos: Sequence[dict[str, Any]]) -> np.ndarray:
+        """(K, A) float32 actions, row ``i`` from sub-env ``i``'s policy."""
+        return np.stack(self.envs.call("host_act"))
+
+
+def install_policy(envs: gym.vector.VectorEnv, factory: PolicyFactory) -> BatchedPolicy:
+    """Build the policy of a ``make_vector_env`` env and return what acts for all its sub-envs.
+
+    Each ``PolicyHost`` builds ``factory(env)``. Per-env policies stay in the hosts and a
+    ``HostedPolicies`` is returned; a natively batched policy is returned itself (sub-env 0's instance;
+    under sync vectorisation the other sub-envs do not build one).
+
+    Raises:
+        RuntimeError: The factory returned batched policies for some sub-envs and per-env ones for others.
+    """
+    if isinstance(envs, gym.vector.SyncVectorEnv):
+        first = envs.envs[0].host_set_policy(factory)
+        if first is not None:
+            return first
+        built = [first, *(e.host_set_policy(factory) for e in envs.envs[1:])]
+    else:
+        built = list(envs.call("host_set_policy", factory))
+    if all(b is None for b in built):
+        return HostedPolicies(envs)
+    if any(b is None for b in built):
+        raise RuntimeError("policy factory returned batched policies for some sub-envs and per-env ones for others")
+    return built[0]  # the hosts kept none: the other workers' copies are dropped here
 
 
 def make_vector_env(
@@ -273,6 +341,21 @@ class _Buffer:
         )
 
 
+def _as_dict(obs: Any) -> dict[str, np.ndarray]:
+    """A vector env's batched observation as ``key -> (K, ...)`` (``{"obs": ...}`` for a non-dict space)."""
+    return obs if isinstance(obs, dict) else {"obs": obs}
+
+
+def _merge_rows(old: dict[str, np.ndarray], new: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Fresh arrays: rows where ``mask`` from ``new``, the others from ``old`` (both ``key -> (K, ...)``)."""
+    out = {}
+    for key, v in old.items():
+        merged = np.array(v, copy=True)
+        merged[mask] = np.asarray(new[key])[mask]
+        out[key] = merged
+    return out
+
+
 def _split_obs(obs: Any, i: int) -> dict[str, np.ndarray]:
     if isinstance(obs, dict):
         return {k: np.asarray(v[i]) for k, v in obs.items()}
@@ -299,9 +382,14 @@ def rollout(
 ) -> RolloutResult:
     """Collect ``config.episodes`` complete episodes.
 
+    The policy acts for all sub-envs with one ``act_batch`` call per vector step (see the module docstring):
+    per-env policies through ``HostedPolicies``, natively batched ones directly, env index ``i`` being
+    reset with the episode's seed whenever slot ``i`` starts an episode. Slots left idle once every
+    episode has been started still step, but neither their actions nor their results are recorded.
+
     Args:
         config: What to run.
-        policy: Optional picklable factory ``(env) -> Policy`` overriding ``config.policy``.
+        policy: Optional picklable factory ``(env) -> Policy | BatchedPolicy`` overriding ``config.policy``.
         on_episode: Called with each finished episode (in completion order), e.g. to stream to disk.
 
     Returns:
@@ -317,20 +405,28 @@ def rollout(
     steps = 0
     start = time.perf_counter()
     try:
-        envs.call("host_set_policy", factory)
+        actor = install_policy(envs, factory)
         # slot i runs episode slot_ep[i]; episodes past n keep idle slots alive with unused seeds
         slot_ep = list(range(k))
         seeds = [config.seed + j for j in slot_ep]
         obs, infos = envs.reset(seed=seeds)
+        # what the policy acts on next: key -> (K, ...) and one info per slot
+        cur_obs, cur_infos = _as_dict(obs), [_split_info(infos, i) for i in range(k)]
+        for i, s in enumerate(seeds):
+            actor.reset(seed=s, index=i)
         bufs: list[_Buffer | None] = [
-            _Buffer(j, s, _split_obs(obs, i), _split_info(infos, i)) if j < n else None
+            _Buffer(j, s, _split_obs(obs, i), cur_infos[i]) if j < n else None
             for i, (j, s) in enumerate(zip(slot_ep, seeds, strict=True))
         ]
         next_ep = k
         bar = tqdm(total=n, desc=config.env_id, unit="ep", disable=not config.progress, leave=False)
         while len(episodes) < n:
-            actions = np.stack(envs.call("host_act"))
+            actions = np.asarray(actor.act_batch(cur_obs, cur_infos), dtype=np.float32)
+            if actions.ndim != 2 or actions.shape[0] != k:
+                raise RuntimeError(f"policy {type(actor).__name__}: act_batch returned shape {actions.shape} "
+                                   f"for {k} envs, expected ({k}, action_dim)")
             obs, rewards, terms, truncs, infos = envs.step(actions)
+            cur_obs, cur_infos = _as_dict(obs), [_split_info(infos, i) for i in range(k)]
             steps += sum(b is not None for b in bufs)
             done_slots = []
             for i, buf in enumerate(bufs):
@@ -343,8 +439,7 @@ def rollout(
                     done_slots.append(i)
                 if buf is None:
                     continue
-                info = _split_info(infos, i)
-                buf.add(actions[i], _split_obs(obs, i), rewards[i], terms[i], truncs[i] or cap, info)
+                buf.add(actions[i], _split_obs(obs, i), rewards[i], terms[i], truncs[i] or cap, cur_infos[i])
                 if i in done_slots:
                     ep = buf.finish()
                     episodes.append(ep)
@@ -361,11 +456,12 @@ def rollout(
                     reset_seeds[i] = config.seed + next_ep
                     next_ep += 1
                 obs, infos = envs.reset(seed=reset_seeds, options={"reset_mask": mask})
+                cur_obs = _merge_rows(cur_obs, _as_dict(obs), mask)
                 for i in done_slots:
                     j = slot_ep[i]
-                    bufs[i] = (
-                        _Buffer(j, config.seed + j, _split_obs(obs, i), _split_info(infos, i)) if j < n else None
-                    )
+                    cur_infos[i] = _split_info(infos, i)
+                    actor.reset(seed=config.seed + j, index=i)
+                    bufs[i] = _Buffer(j, config.seed + j, _split_obs(obs, i), cur_infos[i]) if j < n else None
         bar.close()
     finally:
         envs.close()

@@ -1,10 +1,10 @@
-"""Behaviour-cloning image policy with action chunking — the planner's proposal policy.
+"""Behaviour-cloning image policy with action chunking.
 
 References: robomimic's image BC (Mandlekar et al., CoRL 2021: conv encoder + spatial-softmax
 keypoints) and ACT's action chunking (Zhao et al., RSS 2023: predict a chunk, execute part of it).
 Deviations: no transformer / CVAE (a deterministic MLP head); L1 loss in normalised action space as
-in ACT. Its role here is the workspace's reference method (the pattern method folders follow) and
-the candidate-action sampler that LAC-WM / EAC-WM planning selects from.
+in ACT. Its role here is the workspace's reference method (the pattern method folders follow); the
+LAC-WM / EAC-WM planners draw their candidates from the scripted expert and random walks, not from it.
 
 Frames: ``image`` is (B, 3, H, W) uint8 RGB, upright; ``proprio`` (B, P) float32 as the env documents;
 actions are in the env's action space (units in ``env.metadata["action_space_desc"]``).
@@ -12,6 +12,8 @@ actions are in the env's action space (units in ``env.metadata["action_space_des
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.pretrained import PreTrainedModel
 from worldmodels.bc.configuration_bc import BCConfig
 
 
@@ -52,12 +55,15 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
     )
 
 
-class BCPolicyModel(nn.Module):
+class BCPolicyModel(PreTrainedModel):
     """Image + proprio -> a chunk of ``horizon`` actions.
 
     Normalisation statistics (per-dim mean / std of proprio and actions) are buffers, so a checkpoint
     is self-contained: ``forward`` takes raw observations and returns actions in env units.
     """
+
+    config_class = BCConfig
+    method = "bc"
 
     def __init__(self, config: BCConfig):
         super().__init__()
@@ -122,29 +128,66 @@ class BCPolicyModel(nn.Module):
 
 
 class BCPolicy:
-    """``sim.api.Policy`` around a trained model: predict a chunk, execute ``n_action_steps``, re-plan."""
+    """Policy around a trained model: predict a chunk, execute ``n_action_steps``, re-plan (ACT-style).
+
+    A ``sim.api.BatchedPolicy``: ``act_batch`` acts for K envs with at most one model forward, over the
+    envs whose queue of pending chunk actions is empty; each env index keeps its own queue, cleared by
+    ``reset(index=i)`` when env ``i`` starts an episode. Also a per-env ``sim.api.Policy``: ``act`` is
+    ``act_batch`` on a batch of one (env index 0), so one instance serves either a single env through
+    ``act`` or K envs through ``act_batch``, not both at once. Actions are clipped to
+    ``[action_low, action_high]`` when both are given. Deterministic: seeds are ignored.
+
+    Args:
+        model: The trained model (put in eval mode and moved to ``device``).
+        action_low, action_high: (A,) bounds of the env's action box, or None for no clipping.
+        device: Where the model runs; observations are moved there, actions come back as numpy.
+    """
 
     def __init__(self, model: BCPolicyModel, action_low: np.ndarray | None = None,
                  action_high: np.ndarray | None = None, device: str | torch.device = "cpu"):
         self.model = model.eval().to(device)
         self.device = torch.device(device)
         self.low, self.high = action_low, action_high
-        self._queue: list[np.ndarray] = []
+        self._queues: dict[int, deque[np.ndarray]] = {}  # env index -> pending (A,) actions of its chunk
 
-    def reset(self, seed: int | None = None) -> None:
-        self._queue = []
+    def reset(self, seed: int | None = None, index: int | None = None) -> None:
+        """Drop the pending chunk actions of env ``index`` (of every env when None)."""
+        if index is None:
+            self._queues.clear()
+        else:
+            self._queues.pop(index, None)
 
     @torch.no_grad()
-    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+    def act_batch(self, obs: dict[str, np.ndarray], infos: Sequence[dict[str, Any]] | None = None) -> np.ndarray:
+        """Actions for K envs.
+
+        Args:
+            obs: ``image_key`` -> (K, H, W, 3) uint8 and, if the model uses proprio, ``proprio_key`` ->
+                (K, P) float; row ``i`` is env ``i``'s observation.
+            infos: The K envs' infos (unused).
+
+        Returns:
+            (K, A) float32: row ``i`` the next action of env ``i``'s chunk queue, refilled (one forward for
+            every env whose queue ran empty) with the first ``n_action_steps`` actions of a new chunk.
+        """
         c = self.model.config
-        if not self._queue:
-            image = torch.as_tensor(np.ascontiguousarray(obs[c.image_key])).permute(2, 0, 1)[None].to(self.device)
+        images = np.asarray(obs[c.image_key])
+        need = [i for i in range(len(images)) if not self._queues.get(i)]
+        if need:
+            rows = slice(None) if len(need) == len(images) else need
+            image = torch.as_tensor(np.ascontiguousarray(images[rows])).permute(0, 3, 1, 2).to(self.device)
             proprio = None
             if c.proprio_dim:
-                proprio = torch.as_tensor(np.asarray(obs[c.proprio_key], dtype=np.float32))[None].to(self.device)
-            chunk = self.model(image, proprio)[0].cpu().numpy()  # (horizon, A)
-            self._queue = list(chunk[: c.n_action_steps])
-        action = self._queue.pop(0).astype(np.float32)
+                prop = np.asarray(obs[c.proprio_key], dtype=np.float32)[rows]
+                proprio = torch.as_tensor(prop).to(self.device)
+            chunks = self.model(image, proprio)[:, : c.n_action_steps].float().cpu().numpy()  # (len(need), n, A)
+            for row, i in enumerate(need):
+                self._queues[i] = deque(chunks[row])
+        actions = np.stack([self._queues[i].popleft() for i in range(len(images))]).astype(np.float32)
         if self.low is not None and self.high is not None:
-            action = np.clip(action, self.low, self.high)
-        return action
+            actions = np.clip(actions, self.low, self.high).astype(np.float32)
+        return actions
+
+    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        """(A,) float32 action for one env (env index 0 of ``act_batch``)."""
+        return self.act_batch({k: np.asarray(v)[None] for k, v in obs.items()}, [info])[0]
