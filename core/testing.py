@@ -11,12 +11,15 @@ method's test only supplies a tiny init and a batch, and inherits the real check
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+from core.pretrained import PreTrainedModel
 
 
 class ToyRegressionDataset(Dataset):
@@ -38,12 +41,30 @@ class ToyRegressionDataset(Dataset):
         return {"x": self.x[i], "y": self.y[i]}
 
 
-class ToyRegressor(nn.Module):
-    """A two-layer MLP with optional dropout; ``training_step`` is the MSE to ``y``."""
+@dataclasses.dataclass
+class ToyRegressorConfig:
+    """Sizes of ``ToyRegressor``."""
 
-    def __init__(self, in_dim: int = 8, hidden: int = 32, out_dim: int = 4, dropout: float = 0.0):
+    in_dim: int = 8
+    hidden: int = 32
+    out_dim: int = 4
+    dropout: float = 0.0
+
+
+class ToyRegressor(PreTrainedModel):
+    """A two-layer MLP with optional dropout; ``training_step`` is the MSE to ``y``.
+
+    ``ToyRegressor(hidden=16)`` and ``ToyRegressor(ToyRegressorConfig(hidden=16))`` build the same model.
+    """
+
+    config_class = ToyRegressorConfig
+    method = "toy"
+
+    def __init__(self, config: ToyRegressorConfig | None = None, **sizes: Any):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out_dim))
+        self.config = config = config or ToyRegressorConfig(**sizes)
+        self.net = nn.Sequential(nn.Linear(config.in_dim, config.hidden), nn.GELU(), nn.Dropout(config.dropout),
+                                 nn.Linear(config.hidden, config.out_dim))
         self.register_buffer("steps_seen", torch.zeros((), dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,9 +107,16 @@ def run_toy_training(out_dir: str | Path, overrides: dict[str, Any] | None = Non
 
 class ModelChecks:
     """Checks every model in the workspace must pass. Subclasses define ``make_model`` / ``make_batch``
-    and, when forward is not ``model(**batch)``, ``run``."""
+    and, when forward is not ``model(**batch)``, ``run``.
+
+    ``test_gradient_flow`` calls ``model.training_step(self.make_train_batch())`` when the model has a
+    ``training_step`` (override ``make_train_batch`` when its batch differs from ``make_batch``), else it
+    backpropagates the sum of the float outputs of ``run``. Parameters that are legitimately unused by that
+    step (trained in another stage, say) are listed by name prefix in ``no_grad_params``.
+    """
 
     atol = 0.0
+    no_grad_params: tuple[str, ...] = ()
 
     def make_model(self) -> nn.Module:
         raise NotImplementedError
@@ -96,8 +124,21 @@ class ModelChecks:
     def make_batch(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def make_train_batch(self) -> dict[str, Any]:
+        """The batch of ``model.training_step`` (``make_batch()`` unless overridden)."""
+        return self.make_batch()
+
     def run(self, model: nn.Module, batch: dict[str, Any]) -> Any:
         return model(**batch)
+
+    def training_loss(self, model: nn.Module) -> torch.Tensor:
+        """The scalar the gradient check backpropagates: ``training_step``'s loss, else the summed outputs."""
+        if hasattr(model, "training_step"):
+            out = model.training_step(self.make_train_batch())
+            return out["loss"] if isinstance(out, dict) else out
+        outs = [o.float().sum() for o in self._flat(self.run(model, self.make_batch())) if o.is_floating_point()]
+        assert outs, "the model returned no float tensors"
+        return torch.stack(outs).sum()
 
     @staticmethod
     def _flat(out: Any) -> list[torch.Tensor]:
@@ -127,16 +168,70 @@ class ModelChecks:
             for a, b in zip(self._flat(self.run(model, batch)), self._flat(self.run(other, batch)), strict=True):
                 assert torch.equal(a, b)
 
-    def test_deterministic_eval(self):
+    def test_save_pretrained_from_pretrained_same_output(self, tmp_path):
+        """The export contract: ``save_pretrained`` -> ``from_pretrained`` rebuilds the model from its own config
+        (a fresh construction, not loading into an existing object) with identical weights and outputs."""
+        from core.pretrained import PreTrainedModel
+
         torch.manual_seed(0)
         model = self.make_model().eval()
+        assert isinstance(model, PreTrainedModel), f"{type(model).__name__} should be a core.pretrained.PreTrainedModel"
+        folder = model.save_pretrained(tmp_path / "export", card={"data": "test"})
+        torch.manual_seed(1)  # nothing of the reload may come from the RNG
+        loaded = type(model).from_pretrained(folder)
+        assert type(loaded) is type(model) and loaded.config == model.config
+        sd_a, sd_b = model.state_dict(), loaded.state_dict()
+        assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
         batch = self.make_batch()
         with torch.no_grad():
+            outs = zip(self._flat(self.run(model, batch)), self._flat(self.run(loaded, batch)), strict=True)
+            for a, b in outs:
+                assert torch.equal(a, b)
+
+    def test_deterministic_eval(self):
+        """Two models built after the same seed agree, and eval outputs depend neither on the global RNG
+        (reseeded differently before each run) nor on earlier calls."""
+        torch.manual_seed(0)
+        model = self.make_model().eval()
+        torch.manual_seed(0)
+        twin = self.make_model().eval()
+        batch = self.make_batch()
+        with torch.no_grad():
+            torch.manual_seed(1)
             a = self._flat(self.run(model, batch))
-            b = self._flat(self.run(model, batch))
+            torch.manual_seed(2)
+            b = self._flat(self.run(twin, batch))
+            torch.manual_seed(3)
+            c = self._flat(self.run(model, batch))
         assert a, "the model returned no tensors"
-        for x, y in zip(a, b, strict=True):
-            torch.testing.assert_close(x, y, atol=self.atol, rtol=0)
+        for what, other in (("a second model built from the same seed", b), ("a second call", c)):
+            assert len(a) == len(other), f"{what} returned {len(other)} tensors, the first {len(a)}"
+            for i, (x, y) in enumerate(zip(a, other, strict=True)):
+                try:
+                    torch.testing.assert_close(x, y, atol=self.atol, rtol=0)
+                except AssertionError as e:
+                    raise AssertionError(f"output {i} differs for {what}: {e}") from None
+
+    def test_gradient_flow(self):
+        """One training step gives every trainable parameter (but ``no_grad_params``) a finite gradient."""
+        torch.manual_seed(0)
+        model = self.make_model().train()
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        stale = [pre for pre in self.no_grad_params if not any(n.startswith(pre) for n in names)]
+        assert not stale, f"no_grad_params entries {stale} match no trainable parameter"
+        loss = self.training_loss(model)
+        assert loss.ndim == 0 and torch.isfinite(loss), f"the training loss is {loss}"
+        loss.backward()
+        missing, bad = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad or name.startswith(tuple(self.no_grad_params)):
+                continue
+            if p.grad is None:
+                missing.append(name)
+            elif not torch.isfinite(p.grad).all():
+                bad.append(name)
+        assert not missing, f"no gradient reaches {len(missing)} trainable parameters: {missing[:10]}"
+        assert not bad, f"non-finite gradient in {len(bad)} parameters: {bad[:10]}"
 
     def test_forward_does_not_mutate_batch(self):
         torch.manual_seed(0)

@@ -11,7 +11,9 @@ Per episode ``data/demo_<i>`` (``i`` = episode index, env seed = config seed + i
     obs/<key>       (T, ...) observations before each action (``image`` (T, H, W, 3) uint8, ``proprio``)
     obs/eef_delta   (T, 6) float32 end-effector motion caused by each action: dx, dy, dz (m) and an
                     axis-angle rotation (rad), world frame (the LAC-WM motion label)
-    next_obs/<key>  (T, ...) observations after each action (so the last frame is kept)
+    next_obs/<key>  (T, ...) observations after each action (so the last frame is kept), for every obs key;
+                    next_obs/eef_delta[t] = obs/eef_delta[t + 1], the motion of the next action, and zeros
+                    after the last action (no motion follows it)
     actions (T, A), rewards (T,), dones (T,) (1 where the episode terminated or was truncated)
     attrs: embodiment, task, family, action_space (dict), success (bool), seed, failure (str, "" if
            none), language_instruction
@@ -107,7 +109,9 @@ class EpisodeRecorder:
         T = len(episode)
         obs = {k: v[:T] for k, v in episode.obs.items()}
         next_obs = {k: v[1 : T + 1] for k, v in episode.obs.items()}
-        obs[INFO_EEF_DELTA] = episode.eef_delta.astype(np.float32)
+        eef = episode.eef_delta.astype(np.float32)
+        obs[INFO_EEF_DELTA] = eef
+        next_obs[INFO_EEF_DELTA] = np.concatenate([eef[1:], np.zeros_like(eef[:1])])
         dones = (episode.terminated | episode.truncated).astype(np.uint8)
         meta = self.metadata
         name = self._writer.add_episode(
@@ -162,7 +166,7 @@ def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, f
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metadata = env_metadata(config.env_id, config.env_kwargs)
-    write_json(out / "config.json", {**config.to_dict(), "video": video, "fps": fps, "out": str(out)})
+    write_json(out / "config.json", {**config.to_dict(), "video": video, "fps": fps})
     with EpisodeRecorder(out, config.env_id, metadata, config.env_kwargs, video=video, fps=fps) as rec:
         result = rollout(config, policy=policy, on_episode=rec.add)
     summary = {
@@ -171,9 +175,9 @@ def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, f
         "embodiment": metadata.get("embodiment"),
         "task": metadata.get("task"),
         "family": metadata.get("family"),
-        "hdf5": str(rec.path),
-        "videos": [str(p) for p in rec.video_paths],
+        "hdf5": rec.path.name,
+        "videos": [p.name for p in rec.video_paths],
     }
-    write_json(out / "summary.json", summary)
-    result.summary = summary
+    write_json(out / "summary.json", summary)  # file names relative to the folder: it may be moved (staged)
+    result.summary = {**summary, "hdf5": str(rec.path), "videos": [str(p) for p in rec.video_paths]}
     return result

@@ -437,7 +437,19 @@ class DenseImageDataset(_FileSampleDataset):
 
 
 class ClearGraspDataset(_FileSampleDataset):
-    """ClearGrasp layout: ``<root>/<object>/{rgb-imgs, camera-normals, segmentation-masks}``.
+    """ClearGrasp layout: ``<split folder>/<object>/{rgb-imgs, camera-normals, segmentation-masks}``.
+
+    ClearGrasp ships as two archives, with one split folder per split::
+
+        cleargrasp-dataset-train/<object>/...                     split "train"
+        cleargrasp-dataset-test-val/synthetic-val/<object>/...    split "val"
+        cleargrasp-dataset-test-val/synthetic-test/<object>/...   split "test"
+        cleargrasp-dataset-test-val/real-{val,test}/...           real captures: no normals, not read here
+
+    ``split`` picks the split folder(s) under ``root``, which may be the folder holding both archives, one
+    archive, or the split folder itself; plain ``train/ val/ test/`` sub-folders work too, and any other
+    ``split`` names a sub-folder literally. Every candidate that exists is used. ``split=None`` takes
+    ``root`` as one split (a folder of objects, or one object folder).
 
     Files: ``rgb-imgs/<id>-rgb.jpg``, ``camera-normals/<id>-cameraNormals.exr`` (float RGB = xyz),
     ``segmentation-masks/<id>-segmentation-mask.png`` (0 / 255), and when present
@@ -446,7 +458,9 @@ class ClearGraspDataset(_FileSampleDataset):
     (x right, y down, z forward) like every other dataset here. Sample ids are ``"<object>/<id>"``.
 
     Args:
-        root: Folder holding one sub-folder per object (or itself one object folder).
+        root: The dataset folder (see above); with ``split=None``, a folder holding one sub-folder per
+            object (or itself one object folder).
+        split: ``"train"``, ``"val"``, ``"test"`` (or a sub-folder name); None: ``root`` is one split.
         objects: Object folder names to use; all when None.
         keys: Subset of ``("rgb", "normals", "mask", "depth")``.
         on_error: ``"raise"`` or ``"skip"`` samples with missing / undecodable files.
@@ -458,25 +472,39 @@ class ClearGraspDataset(_FileSampleDataset):
         "mask": ("segmentation-masks", "-segmentation-mask.png"),
         "depth": ("depth-imgs-rectified", "-depth-rectified.exr"),
     }
+    #: split -> its folders relative to the dataset root (the download's names first, then plain ones)
+    SPLIT_DIRS = {
+        "train": ("cleargrasp-dataset-train", "train"),
+        "val": ("cleargrasp-dataset-test-val/synthetic-val", "synthetic-val", "val"),
+        "test": ("cleargrasp-dataset-test-val/synthetic-test", "synthetic-test", "test"),
+    }
 
     def __init__(
         self,
         root: str | os.PathLike,
+        split: str | None = None,
         objects: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
         on_error: OnError = "raise",
     ):
         self.root = Path(root)
+        self.split = split
         if not self.root.is_dir():
             raise DataError(self.root, "no such folder")
-        if (self.root / "rgb-imgs").is_dir():
-            obj_dirs = [self.root]
-        else:
-            obj_dirs = sorted(d for d in self.root.iterdir() if (d / "rgb-imgs").is_dir())
-            if objects is not None:
-                obj_dirs = [d for d in obj_dirs if d.name in set(objects)]
+        split_dirs = [self.root] if split is None else self.split_dirs(self.root, split)
+        if not split_dirs:
+            looked = ", ".join(f"{r}/" for r in self.SPLIT_DIRS.get(split, (split,)))
+            raise DataError(self.root, f"no {split!r} split (looked for {looked})")
+        obj_dirs: list[Path] = []
+        for s in split_dirs:
+            if (s / "rgb-imgs").is_dir():
+                obj_dirs.append(s)
+            else:
+                obj_dirs += sorted(d for d in s.iterdir() if (d / "rgb-imgs").is_dir())
+        if objects is not None:
+            obj_dirs = [d for d in obj_dirs if d.name in set(objects)]
         if not obj_dirs:
-            raise DataError(self.root, "no <object>/rgb-imgs folders (not a ClearGrasp layout)")
+            raise DataError(split_dirs[0], "no <object>/rgb-imgs folders (not a ClearGrasp layout)")
         samples = []
         bad: list[DataError] = []
         pat = re.compile(r"^(.*)-rgb\.(jpg|jpeg|png)$")
@@ -498,5 +526,14 @@ class ClearGraspDataset(_FileSampleDataset):
                         files = {}
                         break
                 if files:
-                    samples.append((f"{d.name}/{sid}" if d != self.root else sid, files))
+                    samples.append((sid if d in split_dirs else f"{d.name}/{sid}", files))
         super().__init__(samples, keys, on_error, bad)
+
+    @classmethod
+    def split_dirs(cls, root: str | os.PathLike, split: str) -> list[Path]:
+        """The existing folders of ``split`` under ``root`` (``root`` itself when it is named as one)."""
+        root = Path(root)
+        rels = cls.SPLIT_DIRS.get(split, (split,))
+        if root.name in {Path(r).name for r in rels}:
+            return [root]
+        return [root / r for r in rels if (root / r).is_dir()]

@@ -204,7 +204,9 @@ class TrajectoryWriter:
             rewards: (T,) float; zeros when None.
             dones: (T,) bool / int; when None, 1 on the last step only (robomimic convention).
             states: Optional (T, S) simulator states.
-            next_obs: Optional key -> (T, ...) observations after each step.
+            next_obs: Optional key -> (T, ...) observations after each step; when given it must mirror
+                ``obs`` (the same keys and shapes), since robomimic-style readers load ``next_obs/<key>``
+                for every ``obs/<key>``.
             attrs: Episode attributes (``embodiment``, ``action_space``, ``success``,
                 ``language_instruction`` ...); dicts / lists are stored as JSON strings.
 
@@ -242,6 +244,15 @@ class TrajectoryWriter:
 
         check("rewards", rewards)
         check("dones", dones)
+        if next_obs is not None:
+            lacking, extra = sorted(set(obs) - set(next_obs)), sorted(set(next_obs) - set(obs))
+            if lacking or extra:
+                what = f"lacks obs key(s) {lacking}" if lacking else f"has key(s) {extra} that obs does not"
+                raise DataError(self.path, f"{name}: next_obs {what}")
+            for k in obs:
+                o, n = np.shape(obs[k]), np.shape(next_obs[k])
+                if o != n:
+                    raise DataError(self.path, f"{name}: next_obs/{k} has shape {n}, obs/{k} {o}")
         grp = self._data.create_group(name)
         try:
             self._write_obs(grp.create_group("obs"), {k: check(f"obs/{k}", v) for k, v in obs.items()})

@@ -23,6 +23,10 @@ class TestToyRegressorChecks(ModelChecks):
     def make_batch(self):
         return {"x": torch.randn(3, 8, generator=torch.Generator().manual_seed(0))}
 
+    def make_train_batch(self):
+        g = torch.Generator().manual_seed(0)
+        return {"x": torch.randn(3, 8, generator=g), "y": torch.randn(3, 4, generator=g)}
+
 
 def test_training_state_round_trip(tmp_path):
     model = ToyRegressor()

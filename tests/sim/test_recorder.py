@@ -54,3 +54,36 @@ def test_no_video_without_image(tmp_path):
     with TrajectoryFile(tmp_path / "embodied_Reach-IIWA-v0.hdf5") as f:
         assert f.obs_keys("demo_0") == ["eef_delta", "proprio"] or set(f.obs_keys("demo_0")) == {
             "eef_delta", "proprio"}
+
+
+def test_next_obs_mirrors_every_obs_key(tmp_path):
+    """robomimic-style readers load ``next_obs/<key>`` for every ``obs/<key>``: each must exist, with the same
+    per-step shape and dtype, and be the observation one step later."""
+    cfg = RolloutConfig(ENV, episodes=1, seed=1, env_kwargs={"image_size": 32}, max_episode_steps=6,
+                        progress=False)
+    record_rollout(cfg, tmp_path, video=False)
+    with TrajectoryFile(tmp_path / f"{sanitize_env_id(ENV)}.hdf5") as f:
+        data = f.episode("demo_0")
+    obs_keys = sorted(k.split("/", 1)[1] for k in data if k.startswith("obs/"))
+    assert {"image", "proprio", "eef_delta"} <= set(obs_keys)
+    assert sorted(k.split("/", 1)[1] for k in data if k.startswith("next_obs/")) == obs_keys
+    T = len(data["actions"])
+    for k in obs_keys:
+        o, n = data[f"obs/{k}"], data[f"next_obs/{k}"]
+        assert n.shape == o.shape and n.dtype == o.dtype and len(o) == T, k
+        np.testing.assert_array_equal(n[:-1], o[1:], err_msg=k)
+
+
+def test_writer_refuses_next_obs_that_does_not_mirror_obs(tmp_path):
+    import pytest
+
+    from core.data.trajectories import TrajectoryWriter
+    from core.errors import DataError
+
+    obs = {"proprio": np.zeros((3, 2), np.float32), "eef_delta": np.zeros((3, 6), np.float32)}
+    with TrajectoryWriter(tmp_path / "t.hdf5") as w:
+        with pytest.raises(DataError, match=r"t\.hdf5: demo_0: next_obs lacks obs key\(s\) \['eef_delta'\]"):
+            w.add_episode(obs, np.zeros((3, 2)), next_obs={"proprio": obs["proprio"]})
+        with pytest.raises(DataError, match=r"next_obs/proprio has shape \(3, 5\), obs/proprio \(3, 2\)"):
+            w.add_episode(obs, np.zeros((3, 2)), next_obs={**obs, "proprio": np.zeros((3, 5), np.float32)})
+        w.add_episode(obs, np.zeros((3, 2)), next_obs=obs)  # a mirrored next_obs is written

@@ -334,6 +334,14 @@ class WorldModel(PreTrainedModel):
     config_class = LACWMConfig
 
     @classmethod
+    def config_from_dict(cls, data: dict[str, Any]) -> LACWMConfig:
+        """``EACWMConfig`` for explicit-action checkpoints, ``LACWMConfig`` otherwise (the family's two configs)."""
+        from core.pretrained import dataclass_from_dict
+        from worldmodels.lacwm.configuration_lacwm import EACWMConfig
+
+        return dataclass_from_dict(EACWMConfig if data.get("conditioning") == "explicit" else LACWMConfig, data)
+
+    @classmethod
     def build_for_loading(cls, config: LACWMConfig) -> WorldModel:
         return build_model(config)
 

@@ -127,6 +127,51 @@ def test_cleargrasp_layout_converts_normals(tmp_path):
     assert len(ClearGraspDataset(tmp_path, on_error="skip")) == 1
 
 
+def _cleargrasp_object(obj, ids=("000000000",)):
+    """One ClearGrasp object folder with a sample per id (flat colour, normals facing the camera)."""
+    n = np.zeros((H, W, 3), np.float32)
+    n[..., 2] = -1.0
+    for sid in ids:
+        write_image(obj / "rgb-imgs" / f"{sid}-rgb.jpg", np.full((H, W, 3), 128, np.uint8))
+        write_image(obj / "camera-normals" / f"{sid}-cameraNormals.exr", n)
+        write_image(obj / "segmentation-masks" / f"{sid}-segmentation-mask.png", np.zeros((H, W), np.uint8))
+
+
+def test_cleargrasp_splits_select_their_folders(tmp_path):
+    """The download's layout: a train archive and a test-val archive with synthetic-{val,test} inside."""
+    train, test_val = tmp_path / "cleargrasp-dataset-train", tmp_path / "cleargrasp-dataset-test-val"
+    _cleargrasp_object(train / "cup-with-waves-train", ("000000000", "000000001"))
+    _cleargrasp_object(train / "flower-bath-bomb-train")
+    _cleargrasp_object(test_val / "synthetic-val" / "cup-with-waves-val")
+    _cleargrasp_object(test_val / "synthetic-test" / "glass-square-potion-test")
+    (test_val / "real-test" / "d435").mkdir(parents=True)  # real captures: no normals, never picked
+    assert ClearGraspDataset(tmp_path, split="train").ids == [
+        "cup-with-waves-train/000000000", "cup-with-waves-train/000000001", "flower-bath-bomb-train/000000000"]
+    assert ClearGraspDataset(tmp_path, split="val").ids == ["cup-with-waves-val/000000000"]
+    assert ClearGraspDataset(tmp_path, split="test").ids == ["glass-square-potion-test/000000000"]
+    # the root may also be one archive, or one split folder itself
+    assert ClearGraspDataset(test_val, split="test").ids == ["glass-square-potion-test/000000000"]
+    assert ClearGraspDataset(train, split="train").ids[0] == "cup-with-waves-train/000000000"
+    assert ClearGraspDataset(test_val / "synthetic-val", split="val").ids == ["cup-with-waves-val/000000000"]
+    assert len(ClearGraspDataset(test_val / "synthetic-val")) == 1  # split=None: the root is one split
+    with pytest.raises(DataError, match=r"cleargrasp-dataset-test-val: no 'train' split \(looked for ") as e:
+        ClearGraspDataset(test_val, split="train")
+    assert "\n" not in str(e.value)
+
+
+def test_cleargrasp_plain_split_folders_and_missing_split(tmp_path):
+    _cleargrasp_object(tmp_path / "train" / "beaker", ("000", "001"))
+    _cleargrasp_object(tmp_path / "test" / "beaker")
+    assert len(ClearGraspDataset(tmp_path, split="train")) == 2
+    assert ClearGraspDataset(tmp_path, split="test").ids == ["beaker/000000000"]
+    with pytest.raises(DataError, match="no 'val' split"):
+        ClearGraspDataset(tmp_path, split="val")
+    with pytest.raises(DataError, match="no 'tset' split"):
+        ClearGraspDataset(tmp_path, split="tset")
+    with pytest.raises(DataError, match="no 'test' split"):  # a folder of objects holds no splits to choose
+        ClearGraspDataset(tmp_path / "train", split="test")
+
+
 def test_normals_png_encoding_is_16bit(tmp_path):
     rng = np.random.default_rng(2)
     n = unit_normals(rng)

@@ -38,6 +38,9 @@ class TestTransNormalModel(ModelChecks):
     def make_batch(self):
         return {"rgb": _batch()["rgb"]}
 
+    def make_train_batch(self):
+        return _batch()
+
 
 class TestTransNormalNoDino(TestTransNormalModel):
     def make_model(self):

@@ -298,4 +298,5 @@ def test_shipped_checkpoint_loads_and_the_demo_section_runs(tmp_path):
     section = demo_section(DemoContext(out=tmp_path))
     assert section.figures["none_delta1"] > 0.3 and section.figures["so3_delta1"] > 0.3
     assert abs(section.figures["so3_mae"] - section.figures["none_mae"]) < 0.25 * section.figures["none_mae"]
-    assert len(list((tmp_path / "img").glob("sola_*.png"))) == 10
+    assert len(list((tmp_path / "img").glob("sola_*.png"))) == 10 + 3  # + the real panorama: rgb, depth, classes
+    assert (tmp_path / "sola" / "real" / "interior_depth.npy").is_file()  # `infer depth360` on a real HDRI ran
