@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt | $(PY)
 	@touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/embodied demo --out outputs/demo
+	$(VENV)/bin/embodied demo --out outputs/demo --overwrite
 
 # One intra-op thread per test process: the suite's models are tiny, where extra threads only add
 # synchronisation (measured ~10x slower at 2 threads on a loaded 2-core machine); the DDP test runs 2 processes.

@@ -438,7 +438,8 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
     missing = re.search(r"Could not find '([^']+)'", text)
     if missing:
         opts = re.search(r"Available options in '[^']+':\s*((?:\s*\S+\n?)+?)(?:\n\s*\n|Config search path|$)", text)
-        names = ", ".join(opts.group(1).split()) if opts else "none"
+        # schemas registered in the ConfigStore (``*_schema``) are the YAML files' bases, not user choices
+        names = ", ".join(n for n in opts.group(1).split() if not n.endswith("_schema")) if opts else "none"
         return f"no config {missing.group(1)!r} (available: {names})"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type"))]
     return f"config error: {lines[-1] if lines else type(e).__name__}{place}"

@@ -58,6 +58,64 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _last_logged(out_dir: Path) -> dict[str, float]:
+    """The last row of ``metrics.jsonl`` (what a finished run reports when started again)."""
+    import json
+
+    path = Path(out_dir) / "metrics.jsonl"
+    try:
+        rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        row = json.loads(rows[-1]) if rows else {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+
+
+class _StopRequest:
+    """SIGINT / SIGTERM during ``fit``: finish the current optimizer step, save a checkpoint, then stop.
+
+    A second SIGINT interrupts at once (the default handler is back after the first). Only the main thread
+    can install handlers; elsewhere (e.g. a training thread) the signals keep their defaults. Under DDP the
+    request is shared with an all-reduce so every rank saves the same step.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        self.signal_name = signal.Signals(signum).name
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # a second one acts at once
+
+    def requested(self, distributed: bool, device: torch.device | None = None) -> bool:
+        flag = self.signal_name is not None
+        if distributed:  # on the model's device: NCCL reduces CUDA tensors only
+            t = torch.tensor(float(flag), device=device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            flag = bool(t.item())
+            if flag:
+                self.signal_name = self.signal_name or "a signal on another rank"
+        return flag
+
+    def uninstall(self) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
 class _StepModule(nn.Module):
     """What DDP wraps: its forward is the model's ``training_step`` so DDP's hooks see every step."""
 
@@ -104,7 +162,12 @@ def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
 
 def build_optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
     """AdamW / Adam / SGD over trainable parameters. Named groups from ``model.param_groups()`` get their
-    own lr; matrices get weight decay, biases and norm scales (1-d tensors) do not."""
+    own lr; matrices get weight decay, biases and norm scales (1-d tensors) do not.
+
+    Raises:
+        ConfigError: ``optim.param_group_lrs`` names an unknown group, a trainable parameter is in no group
+            of ``param_groups()`` (it would silently never be optimised), or nothing is trainable.
+    """
     o = cfg.optim
     named_groups: dict[str, list[nn.Parameter]]
     if hasattr(model, "param_groups"):
@@ -126,6 +189,12 @@ def build_optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimiz
             groups.append({"params": decay, "lr": lr, "weight_decay": o.weight_decay, "name": f"{name}"})
         if no_decay:
             groups.append({"params": no_decay, "lr": lr, "weight_decay": 0.0, "name": f"{name}.no_decay"})
+    left_out = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
+    if left_out:
+        more = f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+        raise ConfigError(f"{len(left_out)} trainable parameters are in no group of {type(model).__name__}"
+                          f".param_groups() and would never be optimised: {', '.join(left_out[:5])}{more} "
+                          f"(add them to a group, or set requires_grad=False to freeze them)")
     if not groups:
         raise ConfigError("the model has no trainable parameters")
     if o.name == "adamw":
@@ -324,8 +393,13 @@ class Trainer:
         batches = self._batches()
         last: dict[str, float] = {}
         ckpt_path: Path | None = None
+        if self.step >= cfg.max_steps:  # a finished run started again: say where its results are
+            ckpt_path = ckpt.latest_checkpoint(self.ckpt_dir)
+            last = _last_logged(self.out_dir)
         t0 = time.perf_counter()
+        stop = _StopRequest()
         try:
+            stop.install()
             while self.step < cfg.max_steps:
                 self.step_module.train()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -366,7 +440,13 @@ class Trainer:
                             hook(self, self.step, last)
                 if self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps:
                     ckpt_path = self.save()
+                if stop.requested(self.dist.enabled, params[0].device if params else None):  # Ctrl-C / SIGTERM: keep this step's work, then stop
+                    saved = ckpt_path if self.step % cfg.ckpt_every == 0 else self.save()
+                    log.warning("%s at step %d: saved %s; run the same command to resume", stop.signal_name,
+                                self.step, saved)
+                    raise KeyboardInterrupt(f"stopped by {stop.signal_name} at step {self.step}")
         finally:
+            stop.uninstall()
             bar.close()
             logger.close()
         return {"step": self.step, "metrics": last, "checkpoint": ckpt_path,

@@ -15,7 +15,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
         a = report["aggregate"]
         rows.append({"policy": policy, "driving_score": a["driving_score"], "success_rate": a["success_rate"],
                      "collision_rate": a["collision_rate"], "offroad_rate": a["offroad_rate"],
-                     "route_completion": a["route_completion"], "mean_speed": a["mean_speed"]})
+                     "route_completion": a["route_completion"], "mean_speed_mps": a["mean_speed_mps"]})
         clip = sorted((out / "videos").glob("*.mp4"))
         if clip:
             videos.append(video_tag(ctx.rel(clip[0]), f"{policy}: front camera", 256))

@@ -86,10 +86,14 @@ def drive_eval(args) -> int:
     from core.bootstrap import prepare_process
 
     prepare_process()
-    report = evaluate_policy(args.policy, args.scenario, args.episodes, args.out, seed=args.seed,
-                             video=not args.no_video)
+    from core.outputs import claim_output
+
+    with claim_output(args.out, command="drive eval", overwrite=getattr(args, "overwrite", False)) as out:
+        report = evaluate_policy(args.policy, args.scenario, args.episodes, out, seed=args.seed,
+                                 video=not args.no_video)
     a = report["aggregate"]
-    print(f"{report['env_id']} / {args.policy}: driving score {a['driving_score']:.3f}, success "
-          f"{a['success_rate']:.2f}, collisions {a['collision_rate']:.2f}, off-road {a['offroad_rate']:.2f}, "
-          f"route completion {a['route_completion']:.2f} over {a['episodes']} episodes -> {args.out}")
+    print(f"{report['env_id']} / {args.policy} over {a['episodes']} episodes: driving score {a['driving_score']:.3f}, "
+          f"success rate {a['success_rate']:.2f}, collision rate {a['collision_rate']:.2f}, off-road rate "
+          f"{a['offroad_rate']:.2f}, route completion {a['route_completion']:.2f} (all fractions in [0, 1]), "
+          f"mean speed {a['mean_speed_mps']:.1f} m/s -> {args.out}")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from core.errors import EmbodiedError, NotBuiltError
 
@@ -27,13 +28,17 @@ def _add_demo(sub) -> None:
                                    "defaults and the results land in OUT/index.html (a page to open).")
     p.add_argument("--out", default="outputs/demo", help="output directory (default: %(default)s)")
     p.add_argument("--only", nargs="*", default=None, help="run only these demo sections (by name)")
-    p.set_defaults(func=_cmd_demo)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
+    p.set_defaults(func=_cmd_demo, rest_dest="only")
 
 
 def _cmd_demo(args) -> int:
-    from embodied.demo import run_demo
+    from core.outputs import claim_output
+    from embodied.demo import check_sections, run_demo
 
-    return run_demo(args.out, only=args.only)
+    check_sections(args.only)  # unknown names fail before anything is claimed
+    with claim_output(args.out, command="demo", overwrite=args.overwrite) as out:
+        return run_demo(out, only=args.only, shown=args.out)
 
 
 def _add_infer(sub) -> None:
@@ -54,6 +59,8 @@ def _add_infer(sub) -> None:
                                                           "(default: the one shipped in assets/)")
         for name, kw in arguments:
             k.add_argument(name, **kw)
+        if any(name == "--out" for name, _ in arguments):
+            k.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (on success)")
         rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")), None)
         k.set_defaults(func=_cmd_infer, rest_dest=rest)
 
@@ -65,7 +72,19 @@ def _cmd_infer(args) -> int:
     if args.kind not in INFER:
         method = PLANNED_INFER[args.kind][0]
         raise NotBuiltError(f"`embodied infer {args.kind}` needs {method} ({PLANNED[method][0]}), which is not built yet")
-    return INFER.get(args.kind)(args)
+    fn = INFER.get(args.kind)
+    if getattr(args, "out", None) is None or str(args.out).endswith(".mp4"):
+        return fn(args)
+    from core.outputs import claim_output
+
+    # the method writes into the claimed (staged) folder; it names files by the folder the user gave
+    args.out_display = Path(args.out)
+    with claim_output(args.out, command=f"infer {args.kind}", overwrite=args.overwrite) as out:
+        args.out = str(out)
+        code = fn(args)
+        if code:
+            raise EmbodiedError(f"infer {args.kind} failed (exit {code}); nothing was written")
+    return code
 
 
 def _add_sim(sub) -> None:
@@ -95,6 +114,7 @@ def _add_drive(sub) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True)
     e.add_argument("--no-video", action="store_true")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     e.set_defaults(func=_cmd_drive_eval)
 
 
@@ -121,6 +141,9 @@ def _add_train_eval(sub) -> None:
         p.add_argument("method", metavar="METHOD")
         p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value, group=option)")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+        if verb == "train":
+            p.add_argument("--overwrite", action="store_true",
+                           help="start over in out_dir even if it holds another run (the same config resumes)")
         for flag in flags.values():
             if verb in flag.verbs:
                 owners = [s.name for s in method_specs() if flag in s.flags]
@@ -171,10 +194,50 @@ def _cmd_task(args) -> int:
     from core.bootstrap import prepare_process
 
     prepare_process()
-    fn = module.train if args.command == "train" else module.evaluate
-    result = fn(cfg)
-    print(f"{'trained' if args.command == 'train' else 'evaluated'} {args.method}: {result}")
+    if args.command == "eval":
+        print(f"evaluated {args.method}: {module.evaluate(cfg)}")
+        return 0
+    from core.outputs import claim_output
+
+    with claim_output(cfg.out_dir, command=f"train {args.method}", staged=False, signature=run_signature(cfg),
+                      overwrite=args.overwrite) as out:
+        done = _finished_checkpoint(out, cfg.trainer.max_steps)
+        if done is not None:
+            print(f"train {args.method}: already finished ({done.name}, trainer.max_steps={cfg.trainer.max_steps}); "
+                  f"checkpoint: {done}. Raise trainer.max_steps to continue, or --overwrite to start over.")
+            return 0
+        result = module.train(cfg)
+    print(f"trained {args.method}: {result}")
     return 0
+
+
+# Keys that may change between the runs of one training folder without making it another run.
+_VOLATILE = {"out_dir": None, "eval": None, "trainer": ("max_steps", "progress", "tensorboard", "log_every",
+                                                          "ckpt_every", "keep_last", "resume", "num_workers")}
+
+
+def run_signature(cfg) -> dict:
+    """What makes a training folder "the same run": the resolved config without output / schedule-length keys."""
+    from core.config import to_container
+
+    sig = to_container(cfg)
+    for key, sub in _VOLATILE.items():
+        if sub is None:
+            sig.pop(key, None)
+        elif isinstance(sig.get(key), dict):
+            for k in sub:
+                sig[key].pop(k, None)
+    return sig
+
+
+def _finished_checkpoint(out, max_steps: int):
+    """The run's newest checkpoint when it already reached ``max_steps`` (single-stage trainers), else None."""
+    from core.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(Path(out) / "checkpoints")
+    if latest is None or not latest.name.startswith("step_"):
+        return None
+    return latest if int(latest.name.split("_")[1]) >= max_steps else None
 
 
 def _add_methods(sub) -> None:
@@ -206,12 +269,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``embodied sim rollout: error: ... (see --help)``), exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; the registered methods supply the infer commands and train / eval flags."""
     from core.registry import load_plugins
 
     load_plugins()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="embodied",
         description="Embodied-AI workspace: simulators, training, closed-loop evaluation and inference.",
         epilog="Exit codes: 0 ok, 2 bad input, 3 method not built yet. `embodied COMMAND --help` for more.",

@@ -65,7 +65,19 @@ FOUNDATION: list[tuple[str, str]] = [
 ]
 
 
-def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0) -> int:
+def check_sections(only: list[str] | None) -> None:
+    """A one-line ``ConfigError`` when ``only`` names a section that does not exist."""
+    from core.errors import ConfigError
+    from core.registry import DEMOS, load_plugins
+
+    load_plugins()
+    names = [n for n, _ in FOUNDATION] + DEMOS.names()
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown demo section(s) {unknown}; known: {', '.join(names)}")
+
+
+def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, shown: str | Path | None = None) -> int:
     """Run the sections (all, or those named in ``only``); returns 0 when every section ran."""
     from core.bootstrap import prepare_process
     from core.errors import ConfigError
@@ -104,7 +116,7 @@ def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0) -> i
     write_json(out / "summary.json", summary)
     page = out / "index.html"
     failed = [n for n, s in summary.items() if not s["ok"]]
-    print(f"demo: {len(results) - len(failed)}/{len(results)} sections ran -> {page}")
+    print(f"demo: {len(results) - len(failed)}/{len(results)} sections ran -> {Path(shown or out) / page.name}")
     if failed:
         print(f"demo: failed sections: {', '.join(failed)}")
         return 1

@@ -1,6 +1,6 @@
 """``embodied sim ...``: list environments, roll out policies, make perception datasets.
 
-``core/cli.py`` calls ``configure_parser`` on the ``sim`` sub-parser; every sub-command sets ``func`` to a
+``embodied/cli.py`` calls ``configure_parser`` on the ``sim`` sub-parser; every sub-command sets ``func`` to a
 function ``(args) -> int``. Importing this module is light: simulators load inside the functions.
 """
 
@@ -42,6 +42,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--camera", default=None,
                    help="manipulation suite camera: a robosuite camera name or 'workspace' (env default: agentview)")
     p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("make-dataset", help="render a perception dataset (sim.render.<kind>)")
@@ -50,6 +51,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=int, default=None, help="image side in pixels (kind's default if unset)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     p.set_defaults(func=cmd_make_dataset)
 
 
@@ -105,10 +107,16 @@ def _describe(family: str, env_id: str) -> tuple[str, str, str]:
 
         emb = EMBODIMENTS[kwargs["embodiment"]]
         return emb.name, kwargs["task"], str(emb.action_dim)
-    emb = kwargs.get("embodiment", "?")
-    task = kwargs.get("task", kwargs.get("scenario", "?"))
-    dim = kwargs.get("action_dim", "?")
-    return str(emb), str(task), str(dim)
+    if family == "libero":  # from the task table and the env module's constants: no env is built
+        from sim.libero.env import ACTION_DIM, EMBODIMENT
+        from sim.libero.suites import get_task
+
+        return EMBODIMENT, get_task(kwargs["suite"], kwargs["task_index"]).name, str(ACTION_DIM)
+    if family == "driving":
+        from sim.driving.env import ACTION_DIM, EMBODIMENT
+
+        return EMBODIMENT, kwargs["scenario"], str(ACTION_DIM)
+    raise ConfigError(f"sim list: no description for family {family!r}")
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -138,11 +146,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         env_kwargs=env_kwargs,
         progress=sys.stderr.isatty(),
     )
-    result = record_rollout(config, args.out, video=not args.no_video)
+    from core.outputs import claim_output
+
+    with claim_output(args.out, command="sim rollout", overwrite=args.overwrite) as out:
+        result = record_rollout(config, out, video=not args.no_video)
     s = result.summary
     print(
         f"{args.env_id}: success {s['success_rate']:.2f} over {s['episodes']} episodes, "
-        f"mean return {s['mean_return']:.3f}, mean length {s['mean_length']:.1f}, failures {s['failures']} "
+        f"mean return {s['mean_return']:.3f}, mean length {s['mean_length']:.1f} steps, failures {s['failures']} "
         f"-> {args.out}"
     )
     return 0
@@ -158,6 +169,9 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         if e.name == f"sim.render.{args.kind}":
             raise ConfigError(f"make-dataset: no renderer for {args.kind!r} yet (sim/render/{args.kind}.py)") from None
         raise
-    result = module.make_dataset(args.out, args.n, seed=args.seed, size=args.size)
-    print(f"{args.kind}: {args.n} samples -> {args.out}" + (f" {result}" if result else ""))
+    from core.outputs import claim_output
+
+    with claim_output(args.out, command=f"sim make-dataset {args.kind}", overwrite=args.overwrite) as out:
+        module.make_dataset(out, args.n, seed=args.seed, size=args.size)
+    print(f"{args.kind}: {args.n} samples -> {args.out}")
     return 0

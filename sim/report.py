@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, {"episodes": args.episodes, "seed": args.seed, "rows": rows})
     w = max((len(r["env"]) for r in rows), default=0)
     for r in rows:
-        print(f"{r['env']:<{w}}  {r['policy']:<8}  success {r['success_rate']:.2f}  len {r['mean_length']:.0f}  "
+        print(f"{r['env']:<{w}}  {r['policy']:<8}  success rate {r['success_rate']:.2f}  length {r['mean_length']:.0f} steps  "
               f"failures {r['failures']}  {r['steps_per_s'] or 0:.0f} steps/s")
     return 0
 

@@ -25,7 +25,7 @@ from core.viz import normals_to_rgb
 
 log = get_logger("embodied.transnormal")
 
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 VIDEO_EXTS = (".mp4", ".mov", ".avi", ".mkv")
 DEFAULT_CHECKPOINT = asset("checkpoints", "transnormal")
 DEFAULT_FOV_DEG = 45.0
@@ -119,10 +119,12 @@ def infer(args) -> int:
             raise DataError("--pointcloud", "works on exactly one image (the one --depth belongs to)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named (we may write a staged one)
     pipe = TransNormalPipeline.from_pretrained(args.checkpoint or DEFAULT_CHECKPOINT, **inference_device())
     for f in files:
         if f.suffix.lower() in VIDEO_EXTS:
             _infer_video(pipe, f, out)
+            print(shown / f"{f.stem}_normals.mp4")
             continue
         img = read_image(f)  # (H, W, 3) uint8 RGB from any 8 / 16-bit, grey, alpha, palette or CMYK file
         n = pipe(img[..., :3]).normals[0].permute(1, 2, 0).numpy().astype(np.float32)  # (H, W, 3)
@@ -134,7 +136,7 @@ def infer(args) -> int:
             k = intrinsics_for(f, n.shape[1], n.shape[0])
             count = write_pointcloud(out / f"{f.stem}.ply", n, depth, img[..., :3], k)
             log.info("%s: %d oriented points", out / f"{f.stem}.ply", count)
-        print(out / f"{f.stem}_normals.png")
+        print(shown / f"{f.stem}_normals.png")
     return 0
 
 
@@ -151,4 +153,3 @@ def _infer_video(pipe, path: Path, out: Path) -> None:
     normals = np.concatenate(preds)
     write_mp4(out / f"{path.stem}_normals.mp4", np.stack([normals_to_rgb(n) for n in normals]))
     save_npy(out / f"{path.stem}_normals.npy", normals.astype(np.float16))
-    print(out / f"{path.stem}_normals.mp4")

@@ -192,7 +192,7 @@ def _as_batch(images: torch.Tensor | np.ndarray) -> torch.Tensor:
     if isinstance(images, np.ndarray):
         if images.ndim != 3 or images.shape[2] not in (3, 4):
             raise ValueError(f"expected an (H, W, 3) image, got {images.shape}")
-        images = torch.from_numpy(np.ascontiguousarray(images[..., :3])).permute(2, 0, 1)[None]
+        images = torch.from_numpy(np.array(images[..., :3])).permute(2, 0, 1)[None]  # a writable copy
     if images.ndim == 3:
         images = images[None]
     if images.ndim != 4 or images.shape[1] != 3:

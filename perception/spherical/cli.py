@@ -89,7 +89,8 @@ def infer(args) -> int:
                     raise OSError(f"could not write {out / name}")
         written.append({"input": str(f), "depth": f"{f.stem}_depth.npy", "semantic": f"{f.stem}_semantic.npy",
                         "depth_range_m": [float(depth.min()), float(depth.max())]})
-        print(f"{f}: depth {depth.min():.2f}-{depth.max():.2f} m -> {out / (f.stem + '_depth.npy')}")
+        shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named
+        print(f"{f}: depth {depth.min():.2f}-{depth.max():.2f} m -> {shown / (f.stem + '_depth.npy')}")
     classes = _classes(ckpt, model.config.num_classes)
     write_json(out / "predictions.json", {"checkpoint": str(ckpt), "classes": classes, "outputs": written})
     return 0

@@ -84,6 +84,8 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 ACCEL_LIMITS = (-6.0, 4.0)  # [m/s^2]
 STEER_LIMIT = float(np.pi / 4)  # [rad]
+ACTION_DIM = 2  # (acceleration m/s^2, steering angle rad)
+EMBODIMENT = "ego_car"
 EGO_STATE_FIELDS = (
     "x",
     "y",
@@ -254,7 +256,7 @@ class DrivingEnv(gym.Env):
             **type(self).metadata,
             "render_fps": self.policy_frequency,
             "family": "driving",
-            "embodiment": "ego_car",
+            "embodiment": EMBODIMENT,
             "task": scenario,
             "language_instruction": self.spec_scenario.instruction,
             "action_space_desc": {

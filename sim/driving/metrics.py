@@ -6,8 +6,8 @@ Per episode (``episode_metrics`` from arrays, or ``EpisodeTracker`` fed ``Drivin
     collisions        number of collision events (rising edges of ``info["crashed"]``), split into
                       ``collisions_vehicle`` and ``collisions_static``.
     offroad_events    number of times the ego left the road (rising edges of ``info["offroad"]``).
-    progress_m        distance driven along the route [m]; mean_speed [m/s] over the episode's steps.
-    mean_abs_jerk / max_abs_jerk  longitudinal jerk [m/s^3] from second differences of the speed
+    progress_m        distance driven along the route [m]; mean_speed_mps [m/s] over the episode's steps.
+    mean_abs_jerk_mps3 / max_abs_jerk_mps3  longitudinal jerk [m/s^3] from second differences of the speed
                       (comfort; 0 for fewer than 3 speed samples).
     infraction_penalty  product over events of the coefficients in ``PENALTIES``: vehicle collision 0.6
                       and static collision 0.65 (CARLA leaderboard / Bench2Drive values), off-road 0.7
@@ -43,9 +43,9 @@ class EpisodeMetrics:
     collisions_vehicle: int
     collisions_static: int
     offroad_events: int
-    mean_speed: float
-    mean_abs_jerk: float
-    max_abs_jerk: float
+    mean_speed_mps: float
+    mean_abs_jerk_mps3: float
+    max_abs_jerk_mps3: float
     infraction_penalty: float
     driving_score: float
     success: bool
@@ -118,9 +118,9 @@ def episode_metrics(
         collisions_vehicle=int(collisions_vehicle),
         collisions_static=int(collisions_static),
         offroad_events=int(offroad_events),
-        mean_speed=float(v.mean()) if len(v) else 0.0,
-        mean_abs_jerk=float(np.abs(jerk).mean()) if len(jerk) else 0.0,
-        max_abs_jerk=float(np.abs(jerk).max()) if len(jerk) else 0.0,
+        mean_speed_mps=float(v.mean()) if len(v) else 0.0,
+        mean_abs_jerk_mps3=float(np.abs(jerk).mean()) if len(jerk) else 0.0,
+        max_abs_jerk_mps3=float(np.abs(jerk).max()) if len(jerk) else 0.0,
         infraction_penalty=penalty,
         driving_score=rc * penalty,
         success=bool(completed and clean),
@@ -185,7 +185,7 @@ def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
     Returns:
         Dict with ``episodes`` (count), ``driving_score`` (DS, mean), ``success_rate`` (SR),
         ``collision_rate`` / ``offroad_rate`` (share of episodes with at least one event),
-        ``infraction_penalty``, ``route_completion``, ``progress_m``, ``mean_speed``, ``mean_abs_jerk``
+        ``infraction_penalty``, ``route_completion``, ``progress_m``, ``mean_speed_mps``, ``mean_abs_jerk_mps3``
         (means over episodes). Empty input raises ``ValueError``.
     """
     eps = list(episodes)
@@ -204,6 +204,6 @@ def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
         "infraction_penalty": mean(e.infraction_penalty for e in eps),
         "route_completion": mean(e.route_completion for e in eps),
         "progress_m": mean(e.progress_m for e in eps),
-        "mean_speed": mean(e.mean_speed for e in eps),
-        "mean_abs_jerk": mean(e.mean_abs_jerk for e in eps),
+        "mean_speed_mps": mean(e.mean_speed_mps for e in eps),
+        "mean_abs_jerk_mps3": mean(e.mean_abs_jerk_mps3 for e in eps),
     }

@@ -62,6 +62,8 @@ PROPRIO_LAYOUT: dict[str, slice] = {
 }
 """Named slices of ``proprio``; the names are LIBERO's demonstration obs keys."""
 PROPRIO_DIM = 15
+ACTION_DIM = 7  # robosuite OSC pose (6: dx dy dz, axis-angle) + gripper (1), as LIBERO's demonstrations
+EMBODIMENT = "Panda"
 AGENT_CAMERA = "agentview"
 WRIST_CAMERA = "robot0_eye_in_hand"
 CONTROL_FREQ = 20
@@ -154,6 +156,8 @@ class LiberoEnv(gym.Env):
         self.observation_space = spaces.Dict(obs_spaces)
         low, high = (np.asarray(b, dtype=np.float32) for b in self._rs.action_spec)
         self.action_space = spaces.Box(low, high, dtype=np.float32)
+        if self.action_space.shape != (ACTION_DIM,):  # `embodied sim list` states ACTION_DIM without building
+            raise RuntimeError(f"LIBERO env has {self.action_space.shape} actions, expected ({ACTION_DIM},)")
 
         scale = np.asarray(self._arm_controller.output_max, dtype=np.float64)
         self.metadata = {

@@ -75,3 +75,10 @@ def test_resolved_config_saved(tmp_path):
     assert data["trainer"]["batch_size"] == 2
     assert OmegaConf.load(tmp_path / "config.yaml").trainer.batch_size == 2
     assert not list(tmp_path.glob(".*tmp*"))  # no temp files left behind
+
+
+def test_choice_lists_show_no_internal_schema_names():
+    with pytest.raises(ConfigError) as e:
+        compose(["experiment=bc", "model=nope"])
+    msg = str(e.value)
+    assert "available: " in msg and "bc_tiny" in msg and "_schema" not in msg

@@ -156,3 +156,72 @@ def test_tensorboard_and_metrics_written(tmp_path):
     run_toy_training(tmp_path, {"max_steps": 3, "tensorboard": True})
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+def test_trainable_parameters_missing_from_param_groups_are_an_error(tmp_path):
+    """A trainable parameter left out of ``param_groups()`` would silently never be optimised."""
+
+    class Grouped(ToyRegressor):
+        def param_groups(self):
+            return {"first": list(self.net[0].parameters())}  # forgets net.3
+
+    cfg = TrainerConfig(max_steps=2, batch_size=2, device="cpu", tensorboard=False, progress=False)
+    with pytest.raises(ConfigError, match=r"net\.3\.weight.*net\.3\.bias|net\.3\.bias.*net\.3\.weight") as e:
+        Trainer(Grouped(), ToyRegressionDataset(8), cfg, tmp_path)
+    assert "\n" not in str(e.value)
+    model = Grouped()
+    model.net[3].requires_grad_(False)  # frozen parameters may stay out of the groups
+    Trainer(model, ToyRegressionDataset(8), cfg, tmp_path / "frozen")
+
+
+def test_missing_parameter_error_names_at_most_five(tmp_path):
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(2, 2)
+            self.rest = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(4))  # 8 parameters
+
+        def training_step(self, batch):
+            return {"loss": self.used(batch["x"][:, :2]).sum()}
+
+        def param_groups(self):
+            return {"default": list(self.used.parameters())}
+
+    from core.trainer import build_optimizer
+
+    with pytest.raises(ConfigError, match=r"8 trainable parameters .*and 3 more") as e:
+        build_optimizer(Wide(), TrainerConfig(device="cpu"))
+    assert str(e.value).count("rest.") == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupt_saves_a_checkpoint_and_resume_is_bit_exact(tmp_path, sig):
+    """Ctrl-C / SIGTERM: the step in progress finishes, a checkpoint of THAT step is written (no work lost,
+    even between ckpt_every boundaries), the process stops, and the restart lands on the uninterrupted weights."""
+    ref = tmp_path / "ref"
+    assert _child(ref, 0.0).wait(timeout=300) == 0
+    run = tmp_path / "stopped"
+    proc = _child(run, 0.3)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run / "metrics.jsonl").is_file():
+        time.sleep(0.05)
+    while time.time() < deadline and len(read_metrics(run)) < 4:  # ckpt_every=3: step 4 is no checkpoint step
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) != 0
+    last_logged = read_metrics(run)[-1]["step"]
+    latest = ckpt.latest_checkpoint(run / "checkpoints")
+    assert latest is not None and latest.name == f"step_{last_logged:08d}", (latest, last_logged)
+    assert last_logged < 12, "the run finished before the signal"
+    assert _child(run, 0.0).wait(timeout=300) == 0
+    a, b = _weights(ref), _weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_finished_run_started_again_reports_its_checkpoint(tmp_path):
+    from core.testing import run_toy_training
+
+    first = run_toy_training(tmp_path)
+    again = run_toy_training(tmp_path)
+    assert again["step"] == 12 and again["checkpoint"] == first["checkpoint"]
+    assert again["metrics"]["loss"] == pytest.approx(first["metrics"]["loss"])

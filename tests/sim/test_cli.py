@@ -46,3 +46,13 @@ def test_sim_bad_input():
         _run(["list", "--family", "space"])
     with pytest.raises(SystemExit):
         _run(["make-dataset", "holograms", "--n", "1", "--out", "/tmp/unused"])
+
+
+def test_sim_list_describes_every_family(capsys):
+    assert _run(["list"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert {r[1] for r in rows} == {"manipulation", "libero", "driving"}
+    assert all("?" not in r for r in rows), [r for r in rows if "?" in r][:3]
+    by_id = {r[0]: r for r in rows}
+    assert by_id["embodied/Drive-Highway-v0"][2:] == ["ego_car", "highway", "2"]
+    assert by_id["embodied/Libero-spatial-0-v0"][2] == "Panda" and by_id["embodied/Libero-spatial-0-v0"][-1] == "7"

@@ -14,8 +14,8 @@ def test_clean_completed_episode():
     assert m.infraction_penalty == 1.0
     assert m.driving_score == 1.0
     assert m.success
-    assert m.mean_speed == 10.0
-    assert m.mean_abs_jerk == 0.0 and m.max_abs_jerk == 0.0
+    assert m.mean_speed_mps == 10.0
+    assert m.mean_abs_jerk_mps3 == 0.0 and m.max_abs_jerk_mps3 == 0.0
     assert m.steps == 5
 
 
@@ -47,11 +47,11 @@ def test_success_needs_no_infraction_and_completion_is_clipped():
 def test_jerk_from_speed_second_difference():
     # speed 0, 1, 3, 6 with dt = 0.5: accel 2, 4, 6 -> jerk 4, 4 m/s^3
     m = episode_metrics([0.0, 1.0, 3.0, 6.0], progress_m=5.0, route_length_m=10.0, dt=0.5)
-    assert m.mean_abs_jerk == pytest.approx(4.0)
-    assert m.max_abs_jerk == pytest.approx(4.0)
+    assert m.mean_abs_jerk_mps3 == pytest.approx(4.0)
+    assert m.max_abs_jerk_mps3 == pytest.approx(4.0)
     # accelerate then hold: accel 2 -> 0 within 0.5 s, jerk -4 m/s^3
     m = episode_metrics([0.0, 1.0, 1.0], progress_m=1.0, route_length_m=10.0, dt=0.5)
-    assert m.max_abs_jerk == pytest.approx(4.0)
+    assert m.max_abs_jerk_mps3 == pytest.approx(4.0)
 
 
 def test_bad_inputs_raise():
@@ -87,7 +87,7 @@ def test_tracker_counts_rising_edges():
     assert (m.collisions_static, m.collisions_vehicle, m.offroad_events) == (1, 0, 1)
     assert m.progress_m == 4.0 and m.route_completion == pytest.approx(0.04)
     assert m.driving_score == pytest.approx(0.04 * 0.65 * 0.7)
-    assert m.mean_speed == pytest.approx(5.0)
+    assert m.mean_speed_mps == pytest.approx(5.0)
     with pytest.raises(KeyError, match="progress"):
         tr.update({"speed": 1.0})
 
@@ -103,5 +103,5 @@ def test_aggregate_known_values():
     assert agg["offroad_rate"] == 0.0
     assert agg["route_completion"] == pytest.approx(0.75)
     assert agg["progress_m"] == pytest.approx(75.0)
-    assert agg["mean_speed"] == pytest.approx(15.0)
+    assert agg["mean_speed_mps"] == pytest.approx(15.0)
     assert a.to_dict()["driving_score"] == 1.0

@@ -1,0 +1,99 @@
+"""The output-folder policy: files refused, other runs refused unless --overwrite, one writer, nothing left
+behind by a failed run, training folders resumed or marked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from core.outputs import MARKER, OutputError, claim_output, run_marker
+
+
+def test_an_existing_file_is_refused(tmp_path):
+    f = tmp_path / "out"
+    f.write_text("mine")
+    with pytest.raises(OutputError, match="exists and is a file"), claim_output(f, command="t"):
+        pass
+    assert f.read_text() == "mine"
+
+
+def test_staged_run_appears_only_on_success(tmp_path):
+    out = tmp_path / "out"
+    with claim_output(out, command="t") as d:
+        (d / "a.txt").write_text("1")
+        assert not out.exists()  # nothing visible until the command succeeds
+    assert (out / "a.txt").read_text() == "1" and run_marker(out)["status"] == "finished"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp or lock left
+
+
+def test_a_failed_run_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), claim_output(out, command="t") as d:
+        (d / "half.txt").write_text("x")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_runs_folder_is_refused_unless_overwrite_which_replaces_it_whole(tmp_path):
+    out = tmp_path / "out"
+    with claim_output(out, command="first") as d:
+        (d / "episode_2.mp4").write_text("old")
+        (d / "summary.json").write_text("old")
+    with pytest.raises(OutputError, match="holds another first run; pass --overwrite"), claim_output(out, command="t"):
+        pass
+    with pytest.raises(RuntimeError), claim_output(out, command="second", overwrite=True) as d:
+        (d / "summary.json").write_text("new")
+        raise RuntimeError("fails before the end")
+    assert (out / "summary.json").read_text() == "old"  # a failed overwrite keeps the old run intact
+    with claim_output(out, command="second", overwrite=True) as d:
+        (d / "summary.json").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "summary.json"]  # no stale episode_2.mp4
+    assert (out / "summary.json").read_text() == "new"
+
+
+def test_a_foreign_non_empty_folder_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("user data")
+    with pytest.raises(OutputError, match="files of another run"), claim_output(tmp_path / "out", command="t"):
+        pass
+    assert (tmp_path / "out" / "notes.txt").read_text() == "user data"
+
+
+def test_in_place_training_resumes_same_config_and_marks_failures(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), claim_output(out, command="train", staged=False, signature={"lr": 1}) as d:
+        (d / "ckpt").write_text("step 3")
+        raise KeyboardInterrupt
+    assert run_marker(out)["status"] == "failed" and run_marker(out)["error"] == "interrupted"
+    with claim_output(out, command="train", staged=False, signature={"lr": 1}) as d:
+        assert (d / "ckpt").read_text() == "step 3"  # resumed in place
+    assert run_marker(out)["status"] == "finished"
+    with pytest.raises(OutputError, match="or the same config to resume it"):
+        with claim_output(out, command="train", staged=False, signature={"lr": 2}):
+            pass
+
+
+def test_two_processes_cannot_write_one_folder(tmp_path):
+    out = tmp_path / "out"
+    holder = textwrap.dedent(f"""
+        import sys, time
+        from core.outputs import claim_output
+        with claim_output({str(out)!r}, command="holder") as d:
+            print("claimed", flush=True)
+            time.sleep(30)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "claimed"
+        with pytest.raises(OutputError, match="another process is writing this folder"):
+            with claim_output(out, command="second"):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with claim_output(out, command="after"):  # the OS released the dead holder's lock
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the killed holder's partial folder is gone
