@@ -108,6 +108,7 @@ def infer(args) -> int:
     """Entry point of ``embodied infer normals`` (argparse namespace from ``embodied.cli``); returns 0."""
     from core.data.images import read_depth, write_image
     from core.data.imread import read_image
+    from core.domain import warn_if_out_of_domain
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
     files = collect_inputs(list(args.inputs))
@@ -127,6 +128,7 @@ def infer(args) -> int:
             print(shown / f"{f.stem}_normals.mp4")
             continue
         img = read_image(f)  # (H, W, 3) uint8 RGB from any 8 / 16-bit, grey, alpha, palette or CMYK file
+        warn_if_out_of_domain(pipe.model.loaded_from["path"], [img[..., :3]], [str(f)])
         n = pipe(img[..., :3]).normals[0].permute(1, 2, 0).numpy().astype(np.float32)  # (H, W, 3)
         write_image(out / f"{f.stem}_normals.png", normals_to_rgb(n))
         save_npy(out / f"{f.stem}_normals.npy", n)

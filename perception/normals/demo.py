@@ -73,9 +73,17 @@ def _real_photo(ctx: DemoContext) -> str:
     infer(argparse.Namespace(inputs=[str(ctx.out / src)], out=str(out), checkpoint=None, pointcloud=False,
                              depth=None))
     pred = cv2.imread(str(out / "transnormal_real_coffee_normals.png"))[..., ::-1]
+    from core import domain
+    from perception.normals.cli import DEFAULT_CHECKPOINT
+
+    dist = domain.check(DEFAULT_CHECKPOINT, [photo])
+    entry = domain.load(DEFAULT_CHECKPOINT)
+    verdict = "" if dist is None else (
+        f" The command's domain check: feature distance {dist[0]:.2f} vs threshold {entry[1]['threshold']:.2f} "
+        f"({'flagged: its warning line says so' if dist[0] > entry[1]['threshold'] else 'not flagged'}).")
     tags = img_tag(src, "real photo (scikit-image coffee)", 192) + img_tag(
         ctx.save_image("transnormal_real_coffee_pred.png", pred.copy()), "TransNormal normals", 192)
     return ("<h3>On a real photo (out of the training domain — qualitative, no ground truth)</h3>"
             "<p class='lead'><code>embodied infer normals coffee.png</code>. The shipped tiny model has only seen "
             "64 px path-traced glassware on procedural backdrops; on a real photo it shows that the input path "
-            "works, not that the model generalises.</p>" + tags)
+            "works, not that the model generalises." + verdict + "</p>" + tags)

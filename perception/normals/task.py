@@ -229,3 +229,29 @@ def check_eval_config(cfg) -> None:
     for b in cfg.eval.baselines:
         if b != "constant" and not Path(b).exists():
             raise ConfigError(f"eval.baselines: {b!r} is neither 'constant' nor an existing checkpoint / run folder")
+
+
+def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "outputs/domain/transnormal",
+                     n_train: int = 160, n_cal: int = 48, n_heldout: int = 32) -> dict[str, Any]:
+    """Fit the checkpoint's out-of-domain check (``core.domain``) on renders like its training data.
+
+    Training sample: views 0..n_train-1 of the training seed (0, 64 px, 32 spp, as the shipped model's data);
+    calibration and held-out splits: renders of seeds 1000 and 2000 that no model saw. Reproduce with
+    ``python -c "from perception.normals.task import calibrate_domain; calibrate_domain()"``.
+    """
+    from core import domain
+    from core.data.images import DenseImageDataset
+    from perception.normals.cli import DEFAULT_CHECKPOINT
+    from sim.render.normals import make_dataset
+
+    ckpt = Path(checkpoint or DEFAULT_CHECKPOINT)
+    splits = {}
+    for name, seed, n in (("train", 0, n_train), ("calibration", 1000, n_cal), ("heldout", 2000, n_heldout)):
+        root = Path(work) / name
+        if not (root / "meta.json").is_file():
+            make_dataset(root, n=n, seed=seed, size=64, spp=32, test_fraction=0.0)
+        ds = DenseImageDataset(root, "train", keys=("rgb",))
+        splits[name] = [ds[i]["rgb"].permute(1, 2, 0).numpy() for i in range(len(ds))]
+    ref, entry = domain.fit(splits["train"], splits["calibration"], splits["heldout"])
+    domain.save(ckpt, ref, entry, {"calibration": "sim.render.normals seeds 0 (train sample), 1000, 2000; 64 px"})
+    return entry

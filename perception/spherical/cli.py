@@ -64,6 +64,7 @@ def infer(args) -> int:
     import cv2
     import torch
 
+    from core.domain import warn_if_out_of_domain
     from core.io import atomic_path, write_json
     from core.viz import colorize
     from perception.spherical.modeling_sola import SoLAModel
@@ -76,6 +77,7 @@ def infer(args) -> int:
     written = []
     for f in _inputs(list(args.inputs)):
         rgb8 = read_panorama(f)
+        outside = warn_if_out_of_domain(model.loaded_from["path"], [rgb8], [str(f)])[0]
         rgb = torch.from_numpy(np.ascontiguousarray(rgb8.transpose(2, 0, 1)))[None]
         pred = model.predict(rgb)
         depth = pred["depth"][0, 0].numpy().astype(np.float32)
@@ -88,7 +90,7 @@ def infer(args) -> int:
                 if not cv2.imwrite(str(tmp), np.ascontiguousarray(img[..., ::-1])):
                     raise OSError(f"could not write {out / name}")
         written.append({"input": str(f), "depth": f"{f.stem}_depth.npy", "semantic": f"{f.stem}_semantic.npy",
-                        "depth_range_m": [float(depth.min()), float(depth.max())]})
+                        "depth_range_m": [float(depth.min()), float(depth.max())], "out_of_domain": outside})
         shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named
         print(f"{f}: depth {depth.min():.2f}-{depth.max():.2f} m -> {shown / (f.stem + '_depth.npy')}")
     classes = _classes(ckpt, model.config.num_classes)

@@ -95,8 +95,13 @@ def _real_panorama(ctx: DemoContext) -> str:
     tags = "".join(img_tag(ctx.save_image(f"sola_real_{n}.png", np.ascontiguousarray(im)), c, 256) for n, im, c in (
         ("rgb", rgb, "real HDR panorama (tone-mapped)"), ("depth", depth, f"depth {d.min():.2f}-{d.max():.2f} m"),
         ("semantic", sem, "classes")))
+    from core.io import read_json
+
+    flagged = read_json(out / "predictions.json")["outputs"][0].get("out_of_domain")
+    verdict = ("The command's domain check flagged it as far from the training data (its warning line)."
+               if flagged else "The command's domain check did not flag it.")
     return ("<h3>On a real panorama (out of the training domain — qualitative, no ground truth)</h3>"
             f"<p class='lead'><code>embodied infer depth360 {html.escape(pano.name)}</code> on blender-data's CC0 "
             "<em>interior</em> HDRI. The shipped model has only seen flat-shaded synthetic rooms, so expect "
             "near-constant depth and few classes here: this shows the input path works on real files, not that "
-            "the model generalises.</p>" + tags)
+            "the model generalises. " + verdict + "</p>" + tags)

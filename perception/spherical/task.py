@@ -161,3 +161,28 @@ def evaluate(cfg) -> dict[str, Any]:
     log.info("%s (%s rotation): MAE %.3f delta1 %.3f mIoU %.3f", model.config.attention, data_cfg.rotate,
              metrics["mae"], metrics["delta1"], metrics["miou"])
     return result
+
+
+def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "outputs/domain/sola",
+                     n_train: int = 64, n_cal: int = 48, n_heldout: int = 48) -> dict[str, Any]:
+    """Fit the checkpoint's out-of-domain check (``core.domain``) on panoramas like its training data.
+
+    Training sample: panoramas 0..n_train-1 of the training seed (0, 64 x 128, 4 spp); calibration and held-out
+    splits: seeds 1000 and 2000. Reproduce with
+    ``python -c "from perception.spherical.task import calibrate_domain; calibrate_domain()"``.
+    """
+    from core import domain
+    from core.data.imread import read_image
+    from perception.spherical.cli import DEFAULT_CHECKPOINT
+    from sim.render.panoramas import make_dataset
+
+    ckpt = Path(checkpoint or DEFAULT_CHECKPOINT)
+    splits = {}
+    for name, seed, n in (("train", 0, n_train), ("calibration", 1000, n_cal), ("heldout", 2000, n_heldout)):
+        root = Path(work) / name
+        if not (root / "meta.json").is_file():
+            make_dataset(root, n=n, seed=seed, size=64, spp=4, test_fraction=0.0)
+        splits[name] = [read_image(p) for p in sorted((root / "train" / "rgb").glob("*.png"))]
+    ref, entry = domain.fit(splits["train"], splits["calibration"], splits["heldout"])
+    domain.save(ckpt, ref, entry, {"calibration": "sim.render.panoramas seeds 0 (train sample), 1000, 2000; 64 x 128"})
+    return entry
