@@ -58,6 +58,18 @@ def _lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def lock_folder(path: str | Path) -> Iterator[Path]:
+    """Hold ``path``'s writer lock without claiming it (``embodied eval`` adds its report to a training folder:
+    it must not run while that folder is being trained, and two evaluations must not interleave)."""
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path}: exists and is a file; expected a run folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(path):
+        yield path
+
+
 def run_marker(path: str | Path) -> dict[str, Any] | None:
     """The folder's ``.embodied-run.json`` (None when it has none or it is unreadable)."""
     try:

@@ -195,7 +195,10 @@ def _cmd_task(args) -> int:
 
     prepare_process()
     if args.command == "eval":
-        print(f"evaluated {args.method}: {module.evaluate(cfg)}")
+        from core.outputs import lock_folder
+
+        with lock_folder(cfg.out_dir):  # not while the folder is being trained or evaluated by another process
+            print(f"evaluated {args.method}: {module.evaluate(cfg)}")
         return 0
     from core.outputs import claim_output
 

@@ -97,3 +97,13 @@ def test_two_processes_cannot_write_one_folder(tmp_path):
     with claim_output(out, command="after"):  # the OS released the dead holder's lock
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the killed holder's partial folder is gone
+
+
+def test_lock_folder_excludes_a_concurrent_writer(tmp_path):
+    from core.outputs import lock_folder
+
+    with lock_folder(tmp_path / "run"):
+        with pytest.raises(OutputError, match="another process is writing"), claim_output(tmp_path / "run", command="t"):
+            pass
+    with claim_output(tmp_path / "run", command="t"):
+        pass

@@ -161,3 +161,27 @@ def test_configs_compose_and_bad_values_are_named():
         compose(["experiment=transnormal", "model.mode=ddim"])
     with pytest.raises(ConfigError, match="image_size"):
         compose(["experiment=transnormal", "model.image_size=40"])
+
+
+def test_loading_names_a_missing_weight_source_and_unknown_keys(tmp_path):
+    """Was: the loader dropped unknown config keys and nulled missing weight paths (a shape mismatch later)."""
+    import json
+
+    import pytest
+
+    from core.errors import CheckpointError
+    from perception.normals.cli import DEFAULT_CHECKPOINT
+    from perception.normals.modeling_transnormal import TransNormalModel
+
+    model = TransNormalModel.from_pretrained(DEFAULT_CHECKPOINT)
+    folder = model.save_pretrained(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model"]["vae_path"] = str(tmp_path / "moved_vae")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"model.vae_path=.*moved_vae' does not exist"):
+        TransNormalModel.from_pretrained(folder)
+    cfg["model"]["vae_path"] = None
+    cfg["model"]["unet_channles"] = [32]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="unknown config key"):
+        TransNormalModel.from_pretrained(folder)
