@@ -17,10 +17,8 @@ Loading reads only tensors (safetensors) and JSON, so it never unpickles arbitra
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from core.errors import CheckpointError
-from core.io import atomic_path, read_json, write_json, write_text
+from core.io import atomic_dir, atomic_path, read_json, write_json, write_text
 
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "ema.safetensors"
@@ -188,9 +186,7 @@ def save_checkpoint(
         ema: Optional EMA copy of the model.
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
-    try:
+    with atomic_dir(directory) as tmp:
         save_weights(model.state_dict(), tmp / MODEL_FILE)
         if ema is not None:
             save_weights(ema.state_dict(), tmp / EMA_FILE)
@@ -200,19 +196,6 @@ def save_checkpoint(
             skeleton = _split_state(training_state, "state", tensors)
             save_weights(tensors, tmp / STATE_TENSORS)
             write_json(tmp / STATE_JSON, skeleton)
-        _fsync_dir(tmp)
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-            os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
-        _fsync_dir(directory.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 
@@ -303,16 +286,3 @@ def load_policy(path: str | Path, env: Any) -> Any:
     if method not in POLICIES:
         raise CheckpointError(f"{ckpt}: method {method!r} provides no policy for closed-loop rollouts")
     return POLICIES.get(method)(ckpt, env)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -61,6 +61,23 @@ def fit(train: Sequence[np.ndarray], calibration: Sequence[np.ndarray], heldout:
     return ref.half(), entry
 
 
+def calibrate(directory: str | Path, load_split, sizes: dict[str, tuple[int, int]], note: str,
+              quantile: float = 0.99) -> dict[str, Any]:
+    """Fit and store a checkpoint's check from three splits of in-domain images.
+
+    Args:
+        directory: The checkpoint / exported model folder.
+        load_split: ``(name, seed, n) -> list of (H, W, 3) uint8`` — the method renders or reads its own data.
+        sizes: ``{"train": (seed, n), "calibration": (seed, n), "heldout": (seed, n)}``; the train split is a
+            sample of the training data, the other two unseen in-domain images.
+        note: How the splits were made (recorded in the model card).
+    """
+    splits = {name: load_split(name, seed, n) for name, (seed, n) in sizes.items()}
+    ref, entry = fit(splits["train"], splits["calibration"], splits["heldout"], quantile)
+    save(directory, ref, entry, {"calibration": note})
+    return entry
+
+
 def save(directory: str | Path, reference: torch.Tensor, entry: dict[str, Any], extra: dict[str, Any] | None = None):
     """Write ``domain.safetensors`` and put ``domain_check`` into the model card's front matter."""
     from core.checkpoint import save_weights

@@ -43,6 +43,55 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         raise
 
 
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` (a folder) whole.
+
+    The old folder, if any, is moved aside and removed only after the new one is in place, so a reader sees
+    the old or the new folder, never a mix. On an exception the temporary folder is removed and ``path`` is
+    untouched. ``tmp`` names the temporary folder (default: a fresh hidden ``.<name>.*.tmp``).
+    """
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if tmp is None:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    else:
+        staging = Path(tmp)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    try:
+        yield staging
+        _fsync_dir(staging)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(staging, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

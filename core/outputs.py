@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import EmbodiedError
-from core.io import read_json, write_json
+from core.io import atomic_dir, read_json, write_json
 
 MARKER = ".embodied-run.json"
 
@@ -133,22 +133,9 @@ def _staged(path: Path, command: str) -> Iterator[Path]:
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_dir(path, tmp=path.parent / f".{path.name}.partial-{os.getpid()}") as tmp:
         yield tmp
         write_json(tmp / MARKER, {"command": command, "status": "finished", "finished": time.time()})
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _in_place(path: Path, command: str, signature: Any, fresh: bool) -> Iterator[Path]:

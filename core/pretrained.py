@@ -29,9 +29,6 @@ key and shape (``core.checkpoint.load_into``) and rejects config keys the class 
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 import typing
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,7 +46,7 @@ from core.checkpoint import (
     save_weights,
 )
 from core.errors import CheckpointError
-from core.io import read_json, write_json, write_text
+from core.io import atomic_dir, read_json, write_json, write_text
 
 CARD_FILE = "README.md"
 
@@ -192,23 +189,10 @@ class PreTrainedModel(nn.Module):
                 "parameters": int(sum(p.numel() for p in self.parameters())), "weights": MODEL_FILE,
                 **(card or {})}
         title = f"# {config['method'] or type(self).__name__} — {type(self).__name__}\n\n"
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
-        try:
+        with atomic_dir(directory) as tmp:
             save_weights(sd, tmp / MODEL_FILE)
             write_json(tmp / CONFIG_FILE, _plain(config))
             write_text(tmp / CARD_FILE, front_matter(meta) + "\n" + (body or title))
-            if directory.exists():
-                old = directory.with_name(f".{directory.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(directory, old)
-                os.replace(tmp, directory)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return directory
 
     # -- load -------------------------------------------------------------------------------------

@@ -244,14 +244,13 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from perception.normals.cli import DEFAULT_CHECKPOINT
     from sim.render.normals import make_dataset
 
-    ckpt = Path(checkpoint or DEFAULT_CHECKPOINT)
-    splits = {}
-    for name, seed, n in (("train", 0, n_train), ("calibration", 1000, n_cal), ("heldout", 2000, n_heldout)):
+    def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
         root = Path(work) / name
         if not (root / "meta.json").is_file():
             make_dataset(root, n=n, seed=seed, size=64, spp=32, test_fraction=0.0)
         ds = DenseImageDataset(root, "train", keys=("rgb",))
-        splits[name] = [ds[i]["rgb"].permute(1, 2, 0).numpy() for i in range(len(ds))]
-    ref, entry = domain.fit(splits["train"], splits["calibration"], splits["heldout"])
-    domain.save(ckpt, ref, entry, {"calibration": "sim.render.normals seeds 0 (train sample), 1000, 2000; 64 px"})
-    return entry
+        return [ds[i]["rgb"].permute(1, 2, 0).numpy() for i in range(len(ds))]
+
+    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
+    return domain.calibrate(Path(checkpoint or DEFAULT_CHECKPOINT), load_split, sizes,
+                            "sim.render.normals seeds 0 (train sample), 1000, 2000; 64 px")

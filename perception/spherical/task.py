@@ -176,13 +176,12 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from perception.spherical.cli import DEFAULT_CHECKPOINT
     from sim.render.panoramas import make_dataset
 
-    ckpt = Path(checkpoint or DEFAULT_CHECKPOINT)
-    splits = {}
-    for name, seed, n in (("train", 0, n_train), ("calibration", 1000, n_cal), ("heldout", 2000, n_heldout)):
+    def load_split(name: str, seed: int, n: int) -> list:
         root = Path(work) / name
         if not (root / "meta.json").is_file():
             make_dataset(root, n=n, seed=seed, size=64, spp=4, test_fraction=0.0)
-        splits[name] = [read_image(p) for p in sorted((root / "train" / "rgb").glob("*.png"))]
-    ref, entry = domain.fit(splits["train"], splits["calibration"], splits["heldout"])
-    domain.save(ckpt, ref, entry, {"calibration": "sim.render.panoramas seeds 0 (train sample), 1000, 2000; 64 x 128"})
-    return entry
+        return [read_image(p) for p in sorted((root / "train" / "rgb").glob("*.png"))]
+
+    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
+    return domain.calibrate(Path(checkpoint or DEFAULT_CHECKPOINT), load_split, sizes,
+                            "sim.render.panoramas seeds 0 (train sample), 1000, 2000; 64 x 128")
