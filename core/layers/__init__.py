@@ -1,18 +1,37 @@
 """Shared neural-network layers: attention (self / cross, ``F.scaled_dot_product_attention``), MLP,
-pre-norm transformer blocks, and LoRA adapters. Every layer takes ``device`` / ``dtype`` (timm habit)."""
+pre-norm transformer blocks, and LoRA adapters (Hugging Face ``peft``, imported on first use). Every layer
+takes ``device`` / ``dtype`` (timm habit)."""
 
 from core.layers.attention import Attention
 from core.layers.blocks import TransformerBlock
-from core.layers.lora import LoRALinear, inject_lora, lora_parameters, lora_state_dict, merge_lora
+from core.layers.lora import (
+    convert_legacy_lora_checkpoint,
+    convert_legacy_lora_keys,
+    inject_lora,
+    is_lora_layer,
+    load_lora,
+    load_lora_state_dict,
+    lora_config,
+    lora_parameters,
+    lora_state_dict,
+    merge_lora,
+    save_lora,
+)
 from core.layers.mlp import Mlp
 
 __all__ = [
     "Attention",
-    "LoRALinear",
     "Mlp",
     "TransformerBlock",
+    "convert_legacy_lora_checkpoint",
+    "convert_legacy_lora_keys",
     "inject_lora",
+    "is_lora_layer",
+    "load_lora",
+    "load_lora_state_dict",
+    "lora_config",
     "lora_parameters",
     "lora_state_dict",
     "merge_lora",
+    "save_lora",
 ]

@@ -1,88 +1,121 @@
-"""LoRA (Hu et al., ICLR 2022): low-rank updates ``W + (alpha / r) B A`` on frozen linear layers.
+"""LoRA (Hu et al., ICLR 2022) through Hugging Face ``peft``: low-rank updates ``W + (alpha / r) B A``.
 
-``inject_lora(module, targets, rank)`` replaces every ``nn.Linear`` whose qualified name matches one of
-``targets`` (a suffix such as ``"attn.q"`` or a plain layer name such as ``"q"``) by a ``LoRALinear`` that
-wraps it; the base weights are frozen and ``B`` starts at zero, so the wrapped module computes exactly what
-it did before. ``lora_parameters`` lists the trainable adapter weights, ``merge_lora`` folds them back.
+The project used to hand-write its LoRA wrapper; it now builds a ``peft.LoraConfig`` and calls
+``peft.inject_adapter_in_model`` (peft 0.21.2), so adapted models hold peft's own layers, train, merge and
+save as LoRA users expect, and an adapter written here loads with ``peft.PeftModel.from_pretrained``.
+peft can express everything the project asks of LoRA: the shared ``core.layers.Attention`` keeps
+separate ``q`` / ``k`` / ``v`` / ``proj`` linears (no fused ``qkv``), which peft wraps by name.
+
+Semantics kept from the former wrapper (tests/core/layers/test_layers.py checks each on fixed inputs):
+``inject_lora(module, targets, rank)`` wraps every ``nn.Linear`` whose qualified name matches one of
+``targets`` (a suffix such as ``"attn.q"`` or a plain layer name such as ``"q"``; peft's own list matching),
+optionally only inside the submodules named in ``within``; ``A`` is Kaiming-uniform and ``B`` zero (peft's
+default init), so the wrapped module computes exactly what it did before; the wrapped linears are frozen
+and every other parameter keeps its ``requires_grad`` (peft alone would freeze the whole root module);
+``alpha`` defaults to ``rank`` (scale 1; peft's own default alpha is 8). The forward equals the former
+formula ``base(x) + (alpha / r) * x A^T B^T`` to float round-off (1e-6 on the test's inputs).
+
+State-dict keys of a wrapped layer ``attn.q`` (peft's names)::
+
+    attn.q.base_layer.weight / .bias    the frozen linear
+    attn.q.lora_A.default.weight        A, (r, in)
+    attn.q.lora_B.default.weight        B, (out, r)
+
+The former wrapper wrote ``attn.q.base.weight``, ``attn.q.lora_A`` and ``attn.q.lora_B`` (same tensors, same
+shapes); ``convert_legacy_lora_keys`` renames such a state dict and ``convert_legacy_lora_checkpoint(DIR)``
+rewrites a checkpoint folder's weights in place, once (the shipped LAC-WM / EAC-WM checkpoints were
+converted so: identical tensors, identical imagined frames).
+
+Adapter-only save / load: ``lora_state_dict`` / ``load_lora_state_dict`` (peft's
+``get_peft_model_state_dict`` / ``set_peft_model_state_dict``: keys without the adapter name, e.g.
+``attn.q.lora_A.weight``) and ``save_lora`` / ``load_lora`` (a folder with ``adapter_config.json`` +
+``adapter_model.safetensors`` in peft's on-disk layout). ``peft`` is imported on first use, not when
+``core.layers`` is imported (it pulls in transformers: ~4 s).
 """
 
 from __future__ import annotations
 
-import math
+import json
+import warnings
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+__all__ = [
+    "ADAPTER_CONFIG_FILE",
+    "ADAPTER_WEIGHTS_FILE",
+    "convert_legacy_lora_checkpoint",
+    "convert_legacy_lora_keys",
+    "inject_lora",
+    "is_lora_layer",
+    "load_lora",
+    "load_lora_state_dict",
+    "lora_config",
+    "lora_parameters",
+    "lora_state_dict",
+    "merge_lora",
+    "save_lora",
+]
 
-class LoRALinear(nn.Module):
-    """A frozen ``nn.Linear`` plus a trainable rank-``r`` update.
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's file names (PeftModel.save_pretrained / from_pretrained)
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."  # PeftModel's prefix of the wrapped model's keys in adapter files
+_DEFAULT = "default"
 
-    ``y = base(x) + (alpha / r) * dropout(x) @ A^T @ B^T`` with ``A`` (r, in) Kaiming-uniform and ``B``
-    (out, r) zero at init.
 
-    Args:
-        base: The linear layer to adapt (its parameters are set to ``requires_grad=False``).
-        rank: ``r`` >= 1.
-        alpha: Scale numerator (default ``rank``: scale 1).
-        dropout: Dropout on the adapter input.
-    """
+def is_lora_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is a peft LoRA layer (``peft.tuners.lora.Linear``, as ``inject_lora`` makes)."""
+    return hasattr(module, "base_layer") and isinstance(getattr(module, "lora_A", None), nn.ModuleDict)
 
-    def __init__(self, base: nn.Linear, rank: int = 4, alpha: float | None = None, dropout: float = 0.0):
-        super().__init__()
-        if rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1, got {rank}")
-        self.base = base
-        for p in self.base.parameters():
-            p.requires_grad_(False)
-        kw = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.rank = rank
-        self.scale = (alpha if alpha is not None else rank) / rank
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **kw))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **kw))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.dropout = nn.Dropout(dropout)
 
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
+def _inject(module: nn.Module, config: Any, adapter_name: str) -> None:
+    """``peft.inject_adapter_in_model``; then only the wrapped base linears stay frozen (peft freezes all)."""
+    from peft import inject_adapter_in_model
 
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in) -> (..., out)."""
-        return self.base(x) + (self.dropout(x) @ self.lora_A.t() @ self.lora_B.t()) * self.scale
-
-    @torch.no_grad()
-    def merged(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with the update folded into its weight (one-way: the factors are gone).
-
-        The merged parameters keep the base layer's ``requires_grad`` (a frozen base stays frozen).
-        """
-        out = nn.Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
-                        device=self.base.weight.device, dtype=self.base.weight.dtype)
-        out.weight.copy_(self.base.weight + self.scale * self.lora_B @ self.lora_A)
-        out.weight.requires_grad_(self.base.weight.requires_grad)
-        if self.base.bias is not None:
-            out.bias.copy_(self.base.bias)
-            out.bias.requires_grad_(self.base.bias.requires_grad)
-        return out
+    grad = {id(p): p.requires_grad for p in module.parameters()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        inject_adapter_in_model(config, module, adapter_name=adapter_name)
+    frozen = {id(p) for m in module.modules() if is_lora_layer(m) for p in m.get_base_layer().parameters()}
+    for p in module.parameters():
+        if id(p) in grad and id(p) not in frozen:
+            p.requires_grad_(grad[id(p)])
 
 
 def _matches(name: str, targets: Sequence[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def _inside(name: str, prefixes: Sequence[str] | None) -> bool:
+    return prefixes is None or any(p == "" or name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def lora_config(targets: Iterable[str], rank: int = 4, alpha: float | None = None, dropout: float = 0.0):
+    """The ``peft.LoraConfig`` of an adapter on the linears named ``targets`` (alpha defaults to ``rank``)."""
+    from peft import LoraConfig
+
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+    return LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, lora_dropout=dropout,
+                      target_modules=sorted(targets), bias="none")
+
+
 def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha: float | None = None,
-                dropout: float = 0.0) -> list[str]:
-    """Wrap every matching ``nn.Linear`` inside ``module`` in a ``LoRALinear`` (in place).
+                dropout: float = 0.0, within: Sequence[str] | None = None,
+                adapter_name: str = _DEFAULT) -> list[str]:
+    """Wrap every matching ``nn.Linear`` inside ``module`` in a peft LoRA layer (in place).
 
     Args:
-        module: Root module.
+        module: Root module (it receives peft's ``peft_config`` attribute).
         targets: Qualified-name suffixes of the linears to adapt (e.g. ``["q", "k", "v", "proj"]``).
-        rank, alpha, dropout: See ``LoRALinear``.
+        rank: ``r`` >= 1.
+        alpha: Scale numerator (default ``rank``: scale 1).
+        dropout: Dropout on the adapter input.
+        within: Qualified names of the submodules to search (default: all of ``module``).
+        adapter_name: peft's adapter name.
 
     Returns:
         The qualified names that were wrapped (already-wrapped layers are skipped).
@@ -90,38 +123,165 @@ def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha:
     Raises:
         ValueError: No linear layer matched ``targets``.
     """
-    found = [(n, m) for n, m in module.named_modules()
-             if isinstance(m, nn.Linear) and _matches(n.removesuffix(".base"), targets)]
-    wrapped_bases = {id(m.base) for m in module.modules() if isinstance(m, LoRALinear)}
-    done = []
-    for name, lin in found:
-        if id(lin) in wrapped_bases:
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, LoRALinear(lin, rank, alpha, dropout))
-        done.append(name)
-    if not found:
-        raise ValueError(f"inject_lora: no nn.Linear in {type(module).__name__} matches {list(targets)}")
-    return done
+    prefixes = None if within is None else list(within)
+    wrapped = [n for n, m in module.named_modules() if is_lora_layer(m)]
+    in_wrapped = tuple(n + "." for n in wrapped)
+    new = [n for n, m in module.named_modules() if type(m) is nn.Linear and _matches(n, targets)
+           and _inside(n, prefixes) and not n.startswith(in_wrapped)]
+    if not new:
+        if not any(_matches(n, targets) and _inside(n, prefixes) for n in wrapped):
+            raise ValueError(f"inject_lora: no nn.Linear in {type(module).__name__} matches {list(targets)}")
+        return []
+    previous = getattr(module, "peft_config", {}).get(adapter_name)
+    _inject(module, lora_config(new, rank, alpha, dropout), adapter_name)
+    if previous is not None:  # a second call: the stored config names every wrapped layer
+        module.peft_config[adapter_name].target_modules = set(previous.target_modules) | set(new)
+    return new
 
 
 def lora_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """The ``lora_A`` / ``lora_B`` parameters of every ``LoRALinear`` in ``module``."""
-    return [p for m in module.modules() if isinstance(m, LoRALinear) for p in (m.lora_A, m.lora_B)]
-
-
-def lora_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the adapter weights of ``module`` (keys as in ``module.state_dict()``)."""
-    return {k: v for k, v in module.state_dict().items() if k.endswith(("lora_A", "lora_B"))}
+    """The ``lora_A`` / ``lora_B`` parameters of every LoRA layer in ``module``."""
+    return [p for n, p in module.named_parameters() if ".lora_A." in f".{n}" or ".lora_B." in f".{n}"]
 
 
 def merge_lora(module: nn.Module, names: Iterable[str] | None = None) -> nn.Module:
-    """Replace every ``LoRALinear`` (or those named) by its merged ``nn.Linear``, in place; returns ``module``."""
+    """Fold each LoRA layer (or the named ones) into its base linear and unwrap it, in place; returns module.
+
+    peft's ``merge`` + ``get_base_layer`` (what ``LoraModel.merge_and_unload`` does). One-way: the factors are
+    gone; the merged linear keeps the base layer's ``requires_grad`` (a frozen base stays frozen).
+    """
     wanted = set(names) if names is not None else None
     for name, m in list(module.named_modules()):
-        if isinstance(m, LoRALinear) and (wanted is None or name in wanted):
+        if is_lora_layer(m) and (wanted is None or name in wanted):
+            m.merge(safe_merge=True)
             parent_name, _, child = name.rpartition(".")
             parent = module.get_submodule(parent_name) if parent_name else module
-            setattr(parent, child, m.merged())
+            setattr(parent, child, m.get_base_layer())
+    left = {n for n, m in module.named_modules() if is_lora_layer(m)}
+    if hasattr(module, "peft_config"):
+        if not left:
+            del module.peft_config
+        else:
+            for cfg in module.peft_config.values():
+                if isinstance(cfg.target_modules, (set, list)):
+                    cfg.target_modules = {t for t in cfg.target_modules if t in left or "." not in t}
     return module
+
+
+def _require_peft_config(module: nn.Module, adapter_name: str) -> Any:
+    cfg = getattr(module, "peft_config", {}).get(adapter_name)
+    if cfg is None:
+        raise ValueError(f"{type(module).__name__} has no LoRA adapter {adapter_name!r} (inject_lora on this "
+                         "module first)")
+    return cfg
+
+
+def lora_state_dict(module: nn.Module, adapter_name: str = _DEFAULT) -> dict[str, torch.Tensor]:
+    """Only the adapter weights of ``module`` (peft's ``get_peft_model_state_dict``: ``x.lora_A.weight``)."""
+    from peft.utils import get_peft_model_state_dict
+
+    _require_peft_config(module, adapter_name)
+    return get_peft_model_state_dict(module, adapter_name=adapter_name)
+
+
+def load_lora_state_dict(module: nn.Module, state: dict[str, torch.Tensor],
+                         adapter_name: str = _DEFAULT) -> None:
+    """Load adapter weights (keys as ``lora_state_dict`` writes them); every adapter key must be given.
+
+    Raises:
+        CheckpointError: A key is missing or unknown, or a shape differs.
+    """
+    from peft.utils import set_peft_model_state_dict
+
+    from core.errors import CheckpointError
+
+    own = lora_state_dict(module, adapter_name)
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    mismatched = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or mismatched:
+        raise CheckpointError(f"LoRA adapter does not match the model: missing {missing[:3]}, unexpected "
+                              f"{unexpected[:3]}, mismatched {mismatched[:3]}")
+    set_peft_model_state_dict(module, state, adapter_name=adapter_name)
+
+
+def save_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEFAULT) -> Path:
+    """Write the adapter alone in peft's layout: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+    ``peft.PeftModel.from_pretrained(<the un-adapted model>, directory)`` loads it; so does ``load_lora``.
+    """
+    from core.checkpoint import save_weights
+    from core.io import write_text
+
+    cfg = _require_peft_config(module, adapter_name)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {_PEFT_PREFIX + k: v for k, v in lora_state_dict(module, adapter_name).items()}
+    save_weights(state, directory / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
+    config = json.dumps(cfg.to_dict(), indent=2, sort_keys=True, default=list)
+    write_text(directory / ADAPTER_CONFIG_FILE, config + "\n")
+    return directory
+
+
+def load_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEFAULT) -> nn.Module:
+    """Load an adapter folder (``save_lora`` or ``PeftModel.save_pretrained``) into ``module``, in place.
+
+    The adapter's layers are injected first when ``module`` has none yet (from ``adapter_config.json``).
+    """
+    from peft import LoraConfig
+
+    from core.checkpoint import load_weights
+
+    directory = Path(directory)
+    state = load_weights(directory / ADAPTER_WEIGHTS_FILE)
+    state = {k.removeprefix(_PEFT_PREFIX): v for k, v in state.items()}
+    if getattr(module, "peft_config", {}).get(adapter_name) is None:
+        _inject(module, LoraConfig.from_pretrained(str(directory)), adapter_name)
+    load_lora_state_dict(module, state, adapter_name)
+    return module
+
+
+# ------------------------------------------------------------------------------------------ legacy keys
+def convert_legacy_lora_keys(state: dict[str, torch.Tensor],
+                             adapter_name: str = _DEFAULT) -> tuple[dict[str, torch.Tensor], int]:
+    """Rename the former own wrapper's keys to peft's; other keys pass unchanged (same tensors, same order).
+
+    ``L.base.weight`` / ``L.base.bias`` -> ``L.base_layer.*``; ``L.lora_A`` -> ``L.lora_A.<adapter>.weight``;
+    ``L.lora_B`` -> ``L.lora_B.<adapter>.weight``, for every layer ``L`` that has a ``L.lora_A`` key.
+
+    Returns:
+        The renamed state dict and the number of LoRA layers converted (0: nothing to do).
+    """
+    layers = {k.removesuffix(".lora_A") for k in state if k.endswith(".lora_A")}
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        head, _, leaf = k.rpartition(".")  # "L.lora_A" -> (L, lora_A); "L.base.weight" -> (L.base, weight)
+        if head in layers and leaf in ("lora_A", "lora_B"):
+            k = f"{head}.{leaf}.{adapter_name}.weight"
+        elif head.endswith(".base") and head.removesuffix(".base") in layers:
+            k = f"{head.removesuffix('.base')}.base_layer.{leaf}"
+        out[k] = v
+    return out, len(layers)
+
+
+def convert_legacy_lora_checkpoint(directory: str | Path) -> dict[str, int]:
+    """Rewrite a checkpoint's ``model.safetensors`` / ``ema.safetensors`` with peft's LoRA keys, in place.
+
+    Idempotent (a converted file is left untouched). Returns ``{file name: LoRA layers converted}``.
+    """
+    from safetensors import safe_open
+
+    from core.checkpoint import EMA_FILE, MODEL_FILE, load_weights, save_weights
+
+    done = {}
+    for name in (MODEL_FILE, EMA_FILE):
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata()
+        state, n = convert_legacy_lora_keys(load_weights(path))
+        if n:
+            save_weights(state, path, metadata=metadata)
+        done[name] = n
+    return done
+

@@ -1,4 +1,4 @@
-"""Pixel metrics for images and videos: PSNR, SSIM and temporal flicker.
+"""Pixel metrics for images and videos: PSNR, SSIM (torchmetrics underneath) and temporal flicker.
 
 Shapes: every metric takes images ``(..., C, H, W)`` and reduces the last three dimensions, so
 ``(B, C, H, W)`` gives per-sample ``(B,)`` and a video ``(B, T, C, H, W)`` gives per-frame ``(B, T)``
@@ -8,6 +8,12 @@ mean squared error, as a mean of per-frame PSNRs is dominated by the near-perfec
 Values are floats in ``[0, data_range]``; integer tensors (e.g. uint8) are cast to float32 first, so pass
 ``data_range=255`` for uint8. The computation runs in the input's floating dtype.
 
+PSNR and SSIM are torchmetrics' (``peak_signal_noise_ratio`` per image,
+``structural_similarity_index_measure`` with its SSIM map; torchmetrics 1.9.0, imported on first use).
+``psnr_from_mse`` is the one-line formula torchmetrics applies (it has no public function from an MSE).
+tests/core/test_metrics.py checks both against the former own code / scikit-image on fixed inputs (PSNR
+rtol 1e-6, SSIM 1e-6 in float32, 1e-9 in float64).
+
 Compatibility with LAC-WM (``worldmodels.lacwm.experiments``), whose frames are in [-1, 1]:
     ``lacwm.psnr(p, t)     == psnr(p, t, data_range=2.0, min_mse=1e-10)``  (PSNR only depends on p - t)
     ``lacwm.ssim(p, t)     == ssim((p + 1) / 2, (t + 1) / 2)``              (the defaults are LAC-WM's)
@@ -15,15 +21,19 @@ The SSIM default is LAC-WM's definition: uniform 7 x 7 windows, valid positions 
 population (biased) variances, ``C1 = (0.01 L)^2``, ``C2 = (0.03 L)^2``, mean over channels and positions.
 This equals ``skimage.metrics.structural_similarity(..., win_size=7, use_sample_covariance=False)``;
 ``kernel="gaussian"`` (11 x 11, sigma 1.5) is Wang et al. 2004's and equals scikit-image's
-``gaussian_weights=True, use_sample_covariance=False``.
+``gaussian_weights=True, use_sample_covariance=False``. torchmetrics' own SSIM number differs in definition:
+it reflect-pads the images and averages the map over ALL positions, borders included — on 64 px images with
+7 x 7 uniform windows that moves SSIM by up to 9e-4 (1.6e-3 with the 11 x 11 gaussian), more on small frames.
+``padding="valid"`` (default) averages torchmetrics' map over the valid positions only (LAC-WM / scikit-image:
+equal to the former own code to 2.4e-7 in float32); ``padding="reflect"`` returns torchmetrics' number.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["psnr", "psnr_from_mse", "ssim", "temporal_flicker"]
 
@@ -64,55 +74,74 @@ def psnr(
 ) -> torch.Tensor:
     """PSNR in dB per image: (..., C, H, W) -> (...); ``inf`` for identical images (unless ``min_mse`` > 0).
 
+    torchmetrics' ``peak_signal_noise_ratio`` reduced over the last three dims (``reduction="none"``). The MSE
+    floor is applied as the equivalent cap ``10 log10(data_range^2 / min_mse)`` on the result.
+
     Args:
         pred: (..., C, H, W) float in [0, data_range] (or integer, cast to float32).
         target: Same shape as ``pred``.
         data_range: Peak-to-peak range of the pixel values.
         min_mse: Floor on the MSE (see ``psnr_from_mse``).
     """
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
     _check_pair(pred, target, "psnr")
-    pred, target = _as_float(pred), _as_float(target)
-    mse = ((pred - target) ** 2).flatten(-3).mean(-1)
-    return psnr_from_mse(mse, data_range, min_mse)
-
-
-def _gaussian_window(size: int, sigma: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    g = torch.exp(-(x**2) / (2 * sigma**2))
-    return (g / g.sum()).to(dtype=dtype, device=device)
+    out = peak_signal_noise_ratio(_as_float(pred), _as_float(target), data_range=float(data_range),
+                                  reduction="none", dim=(-3, -2, -1))
+    if min_mse > 0:
+        out = out.clamp_max(10 * math.log10(data_range**2 / min_mse))
+    return out
 
 
 def ssim(
     pred: torch.Tensor,
     target: torch.Tensor,
     data_range: float = 1.0,
-    window: int = 7,
+    window: int | None = None,
     kernel: Literal["uniform", "gaussian"] = "uniform",
     sigma: float = 1.5,
     clamp: bool = True,
+    padding: Literal["valid", "reflect"] = "valid",
 ) -> torch.Tensor:
     """Mean structural similarity per image: (..., C, H, W) -> (...), 1 for identical images.
 
-    Local statistics over ``window`` x ``window`` windows at every valid position (no padding; the
-    image must be at least ``window`` pixels on each side), population variances,
-    ``C1 = (0.01 data_range)^2``, ``C2 = (0.03 data_range)^2``; the SSIM map is averaged over channels
-    and positions. Defaults reproduce LAC-WM's SSIM (see the module docstring).
+    torchmetrics' ``structural_similarity_index_measure`` (its full SSIM map: local statistics over
+    ``window`` x ``window`` windows, population variances, ``C1 = (0.01 data_range)^2``,
+    ``C2 = (0.03 data_range)^2``), averaged over channels and the positions ``padding`` names. Defaults
+    reproduce LAC-WM's SSIM (see the module docstring).
 
     Args:
         pred: (..., C, H, W) float in [0, data_range] (or integer, cast to float32).
         target: Same shape as ``pred``.
         data_range: Peak-to-peak range ``L`` of the pixel values.
-        window: Window side in pixels (7 uniform = LAC-WM / scikit-image default; 11 for gaussian).
+        window: Odd window side in pixels; default 7 (uniform, LAC-WM / scikit-image default). torchmetrics
+            sizes the gaussian window from ``sigma`` (``2 int(3.5 sigma + 0.5) + 1``: 11 for 1.5), so for
+            ``kernel="gaussian"`` it must be that or None.
         kernel: ``"uniform"`` box window, or ``"gaussian"`` with standard deviation ``sigma`` pixels.
         sigma: Gaussian standard deviation in pixels (``kernel="gaussian"`` only).
         clamp: Clip both inputs to [0, data_range] first (as LAC-WM does; a model's output may overshoot).
+        padding: ``"valid"``: average over the positions whose window lies inside the image (LAC-WM,
+            scikit-image; the image must be at least ``window`` pixels on each side); ``"reflect"``:
+            torchmetrics' own average over every position of the reflect-padded image.
 
     Returns:
         SSIM in [-1, 1], shape ``pred.shape[:-3]``, dtype of the (float) input.
     """
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
     _check_pair(pred, target, "ssim")
     if kernel not in ("uniform", "gaussian"):
         raise ValueError(f"ssim: kernel must be 'uniform' or 'gaussian', got {kernel!r}")
+    if padding not in ("valid", "reflect"):
+        raise ValueError(f"ssim: padding must be 'valid' or 'reflect', got {padding!r}")
+    gaussian_size = 2 * int(3.5 * sigma + 0.5) + 1
+    if window is None:
+        window = gaussian_size if kernel == "gaussian" else 7
+    if kernel == "gaussian" and window != gaussian_size:
+        raise ValueError(f"ssim: torchmetrics' gaussian window for sigma={sigma} is {gaussian_size} px, got "
+                         f"window={window}")
+    if window % 2 == 0 or window < 1:
+        raise ValueError(f"ssim: window must be an odd positive size, got {window}")
     lead, (c, h, w) = pred.shape[:-3], pred.shape[-3:]
     if h < window or w < window:
         raise ValueError(f"ssim: images of {h}x{w} are smaller than the {window}x{window} window")
@@ -120,25 +149,13 @@ def ssim(
     y = _as_float(target).reshape(-1, c, h, w)
     if clamp:
         x, y = x.clamp(0, data_range), y.clamp(0, data_range)
-    if kernel == "uniform":
-
-        def filt(z: torch.Tensor) -> torch.Tensor:
-            return F.avg_pool2d(z, window, 1)
-
-    else:
-        g = _gaussian_window(window, sigma, x.dtype, x.device)
-        gh, gw = g.view(1, 1, window, 1).repeat(c, 1, 1, 1), g.view(1, 1, 1, window).repeat(c, 1, 1, 1)
-
-        def filt(z: torch.Tensor) -> torch.Tensor:
-            return F.conv2d(F.conv2d(z, gh, groups=c), gw, groups=c)
-
-    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
-    mu_x, mu_y = filt(x), filt(y)
-    sxx = filt(x * x) - mu_x**2
-    syy = filt(y * y) - mu_y**2
-    sxy = filt(x * y) - mu_x * mu_y
-    s = ((2 * mu_x * mu_y + c1) * (2 * sxy + c2)) / ((mu_x**2 + mu_y**2 + c1) * (sxx + syy + c2))
-    return s.flatten(1).mean(1).reshape(lead)
+    _, full = structural_similarity_index_measure(
+        x, y, gaussian_kernel=kernel == "gaussian", sigma=sigma, kernel_size=window, reduction="none",
+        data_range=float(data_range), return_full_image=True)
+    if padding == "valid":
+        r = window // 2
+        full = full[..., r: h - r, r: w - r]
+    return full.flatten(1).mean(1).reshape(lead)
 
 
 def temporal_flicker(video: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:

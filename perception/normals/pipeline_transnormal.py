@@ -8,7 +8,21 @@
 * multi-step (``mode == "diffusion"``, the Marigold-style baseline): start from Gaussian noise in the
   normal latent, run N DDIM steps (``timestep_spacing="trailing"``) of the UNet conditioned on the RGB
   latent (channel concatenation) and the same context, decode the result. The sampling loop lives here,
-  not in the model (diffusers' split of models, schedulers and pipelines).
+  not in the model (diffusers' split of models, schedulers and pipelines); each step is diffusers'
+  ``DDIMScheduler.step``.
+
+Why the multi-step arm is not diffusers' ``MarigoldNormalsPipeline`` (diffusers 0.42.1; checked, issue #21):
+the latent layout matches (RGB latent concatenated to the noisy normal latent, v-prediction, DDIM with
+trailing spacing), but the conditioning does not. (1) Marigold calls ``unet(latent, t,
+encoder_hidden_states=text)`` without ``class_labels``, while TransNormal's UNet has the "projection" class
+embedding (the normals / RGB task switch) and then refuses to run: ``ValueError: class_labels should be
+provided when num_class_embeds > 0``. (2) Its ``encoder_hidden_states`` is ONE cached empty-prompt text
+embedding repeated over the batch; TransNormal needs each image's own DINOv3 tokens. (3) It scales latents
+by ``vae.config.scaling_factor`` (TransNormal: the model's ``latent_scale``, measured on the VAE stage)
+and clips the decoded map to [-1, 1] before normalising (TransNormal normalises the raw output). So the
+loop stays here; ``tests/perception/normals/test_pipeline.py`` shows the Marigold pipeline failing on the
+project's UNet and this sampler equal to a ``DDIMScheduler``-driven reference loop to 1e-6 (and to the DDIM
+update written out in float64 to 1e-4).
 
 Images are resized so the longest side is ``processing_res`` (sides rounded to the model's
 ``size_multiple``) and predictions are resized back to the input size and re-normalised — or, with

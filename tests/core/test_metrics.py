@@ -1,4 +1,6 @@
-"""core.metrics: pixel metrics against known answers / LAC-WM / scikit-image, FD, and the real EfficientNet."""
+"""core.metrics (torchmetrics underneath): pixel metrics against known answers / LAC-WM's former formulas /
+scikit-image, torchmetrics' own SSIM definition, FD against the former exact formula and scipy, and the real
+EfficientNet plugged into torchmetrics' FID."""
 
 from __future__ import annotations
 
@@ -70,6 +72,22 @@ def test_ssim_matches_scikit_image_both_kernels():
     assert ssim(x, y, window=11, kernel="gaussian").item() == pytest.approx(ref_g, abs=1e-9)
 
 
+def test_ssim_reflect_padding_is_torchmetrics_own_number_and_differs_from_lacwm():
+    """torchmetrics' SSIM averages its reflect-padded map over every position; the default (LAC-WM) does
+    not."""
+    from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
+
+    x = _rand(3, 3, 16, 16, seed=6)
+    y = (x + 0.2 * _rand(3, 3, 16, 16, seed=7) - 0.1).clamp(0, 1)
+    tm_kwargs = {"uniform": {"gaussian_kernel": False, "kernel_size": 7}, "gaussian": {"sigma": 1.5}}
+    for kernel, kw in tm_kwargs.items():
+        ref = tm_ssim(x, y, data_range=1.0, reduction="none", **kw)
+        torch.testing.assert_close(ssim(x, y, kernel=kernel, padding="reflect"), ref, atol=1e-6, rtol=0)
+        assert (ssim(x, y, kernel=kernel) - ref).abs().max() > 1e-3  # a different definition at 16 px
+    with pytest.raises(ValueError, match="gaussian window"):
+        ssim(x, y, window=7, kernel="gaussian")
+
+
 def _lacwm_reference_psnr_ssim(p: torch.Tensor, t: torch.Tensor, window: int = 7):
     """LAC-WM's own PSNR / SSIM as they were before they moved to core (its published tables used these)."""
     import torch.nn.functional as F
@@ -117,12 +135,28 @@ def test_temporal_flicker_known_values():
 
 
 # ------------------------------------------------------------------------------------------------ Fréchet
+def _former_frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The project's former own FD (float64, exact trace term for singular covariances): the reference."""
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    xa, xb = a - mu_a, b - mu_b
+    na, nb, d = len(xa), len(xb), xa.shape[1]
+    tr_a, tr_b = float((xa**2).sum()) / (na - 1), float((xb**2).sum()) / (nb - 1)
+    if min(na, nb) <= d:  # nuclear norm of Xa Xb^T / sqrt((Na - 1)(Nb - 1))
+        tr_ab = float(np.linalg.svd(xa @ xb.T / np.sqrt((na - 1) * (nb - 1)), compute_uv=False).sum())
+    else:  # eigenvalues of Sa^1/2 Sb Sa^1/2
+        w, u = np.linalg.eigh(xa.T @ xa / (na - 1))
+        ra = (u * np.sqrt(np.clip(w, 0, None))) @ u.T
+        ev = np.linalg.eigvalsh(ra @ (xb.T @ xb / (nb - 1)) @ ra)
+        tr_ab = float(np.sqrt(np.clip(ev, 0, None)).sum())
+    return max(float(((mu_a - mu_b) ** 2).sum()) + tr_a + tr_b - 2 * tr_ab, 0.0)
+
+
 def test_frechet_distance_of_a_sample_with_itself_is_zero():
     x = np.random.default_rng(0).normal(size=(50, 8))
-    assert fm.frechet_distance(x, x) == pytest.approx(0.0, abs=1e-8)
+    assert fm.frechet_distance(x, x) == pytest.approx(0.0, abs=1e-6)
     small = np.random.default_rng(1).normal(size=(10, 64))  # N < D: singular covariance
-    assert fm.frechet_distance(small, small) == pytest.approx(0.0, abs=1e-8)
-    assert fm.frechet_distance(torch.from_numpy(small), small) == pytest.approx(0.0, abs=1e-8)
+    assert fm.frechet_distance(small, small) == pytest.approx(0.0, abs=1e-6)
+    assert fm.frechet_distance(torch.from_numpy(small), small) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_frechet_distance_close_to_closed_form_of_two_gaussians():
@@ -135,15 +169,20 @@ def test_frechet_distance_close_to_closed_form_of_two_gaussians():
     assert fm.frechet_distance(a, b) == pytest.approx(closed, rel=0.02)
 
 
-def test_trace_sqrt_routes_agree_with_scipy_sqrtm():
-    linalg = pytest.importorskip("scipy.linalg")
+@pytest.mark.parametrize("na, nb, d", [(30, 25, 6), (20, 24, 200)])
+def test_torchmetrics_fd_equals_the_former_formula_and_scipy(na, nb, d):
+    """torchmetrics' FID formula == the former exact FD (N > D and the singular N < D case), 1e-6 relative."""
     rng = np.random.default_rng(3)
-    xa, xb = rng.normal(size=(30, 6)) @ rng.normal(size=(6, 6)), rng.normal(size=(25, 6))
-    xa, xb = xa - xa.mean(0), xb - xb.mean(0)
-    sa, sb = xa.T @ xa / 29, xb.T @ xb / 24
-    ref = float(np.trace(linalg.sqrtm(sa @ sb)).real)
-    assert fm._trace_sqrt_product_gram(xa, xb) == pytest.approx(ref, rel=1e-6)
-    assert fm._trace_sqrt_product_eigh(sa, sb) == pytest.approx(ref, rel=1e-6)
+    a = rng.normal(size=(na, d)) @ rng.normal(size=(d, d)) / np.sqrt(d) + rng.uniform(0, 2, size=d)
+    b = rng.normal(size=(nb, d)) * rng.uniform(0.2, 2.0, size=d)
+    got = fm.frechet_distance(a, b)
+    assert got == pytest.approx(_former_frechet_distance(a, b), rel=1e-6)
+    if na > d:
+        linalg = pytest.importorskip("scipy.linalg")
+        sa, sb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+        tr_ab = np.trace(linalg.sqrtm(sa @ sb).real)
+        ref = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(sa + sb) - 2 * tr_ab
+        assert got == pytest.approx(float(ref), rel=1e-6)
 
 
 def test_frechet_distance_rejects_bad_shapes():
@@ -218,5 +257,15 @@ def test_feature_distance_and_fd_on_real_photos(net, photos):
     # FD of a set with itself is 0; a set of flat grey images is far from the real photos.
     real = [cat, coffee, cat.flip(-1), coffee.flip(-1)]
     grey = [torch.full((3, 64, 64), v) for v in (0.2, 0.4, 0.6, 0.8)]
-    assert fm.fd_effnet(real, real, net) == pytest.approx(0.0, abs=1e-6)
-    assert fm.fd_effnet(real, grey, net) > fm.fd_effnet(real[:2], real[2:], net)
+    # torchmetrics' eigvals round-off: -2.6e-4 before the clip at 0
+    assert fm.fd_effnet(real, real, net) == pytest.approx(0.0, abs=1e-3)
+    far_fd = fm.fd_effnet(real, grey, net)
+    assert far_fd > fm.fd_effnet(real[:2], real[2:], net)
+    # torchmetrics' FID with the network plugged in == the former formula on the network's features
+    feats = [net.features(s).double().numpy() for s in (real, grey)]
+    assert far_fd == pytest.approx(_former_frechet_distance(*feats), rel=1e-6)
+    metric = fm.fid_metric(net)  # streaming use: two updates per set
+    for real_set, images in ((True, real), (False, grey)):
+        metric.update(net.resize(images[:2]), real=real_set)
+        metric.update(net.resize(images[2:]), real=real_set)
+    assert float(metric.compute()) == pytest.approx(far_fd, rel=1e-6)

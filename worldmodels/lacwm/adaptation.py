@@ -5,7 +5,8 @@ Each stage is a small ``nn.Module`` wrapper with a ``training_step`` for ``core.
 parameters). Stages (spec):
 
 LAC-WM
-    1. ``lac_lora``: LoRA on IDM + FDM, the LAC loss (reconstruction + motion) on the new embodiment.
+    1. ``lac_lora``: LoRA (peft, through ``core.layers``) on IDM + FDM, the LAC loss (reconstruction + motion)
+       on the new embodiment.
     2. ``lac_projector``: the action projector P(a) -> z with the FDM frozen: reconstruction through
        FDM(x_t, P(a_t)) plus ``align_weight * ||P(a_t) - sg(IDM(x_t, x_t+1))||^2``.
     3. ``lac_joint``: projector + LoRA (IDM + FDM) with the stage-2 loss.
@@ -58,7 +59,8 @@ def adapt_model(pretrained: WorldModel, embodiment: str, action_dim: int) -> Wor
 
 
 def _lora_keys(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Map plain-linear keys ``a.q.weight`` onto LoRA-wrapped ``a.q.base.weight`` where the model wraps them."""
+    """Map plain-linear keys ``a.q.weight`` onto peft-wrapped ``a.q.base_layer.weight`` where the model wraps
+    them."""
     target = model.state_dict()
     out = {}
     for k, v in state.items():
@@ -66,7 +68,7 @@ def _lora_keys(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, to
             out[k] = v
             continue
         head, _, leaf = k.rpartition(".")
-        alt = f"{head}.base.{leaf}"
+        alt = f"{head}.base_layer.{leaf}"
         out[alt if alt in target else k] = v
     return out
 

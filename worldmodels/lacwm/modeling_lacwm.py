@@ -24,6 +24,7 @@ delta (dx, dy, dz m; axis-angle rad; world frame) summed over ``frame_skip`` con
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -358,10 +359,39 @@ class WorldModel(PreTrainedModel):
                                          for e, a in config.projectors.items()})
 
     def _apply_lora(self) -> None:
+        """peft LoRA (``core.layers.inject_lora``: ``LoraConfig`` + ``inject_adapter_in_model``) on the
+        linears of ``lora_parts`` named by ``config.lora_targets``, injected once at the model root (adapter
+        "default")."""
         c = self.config
         if c.lora_rank > 0:
-            for part in self.lora_parts():
-                inject_lora(part, c.lora_targets, rank=c.lora_rank)
+            names = {id(m): n for n, m in self.named_modules()}
+            parts = [names[id(p)] for p in self.lora_parts()]
+            inject_lora(self, c.lora_targets, rank=c.lora_rank, within=parts)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *args: Any, **kwargs: Any) -> WorldModel:
+        """``PreTrainedModel.from_pretrained``; a checkpoint whose LoRA keys predate peft fails with a
+        one-line error that names the converter (``core.layers.convert_legacy_lora_checkpoint``, once, in
+        place)."""
+        from safetensors import safe_open
+
+        from core.checkpoint import resolve_checkpoint
+        from core.errors import CheckpointError
+
+        try:
+            return super().from_pretrained(path, *args, **kwargs)
+        except CheckpointError as e:
+            try:
+                ckpt = resolve_checkpoint(path)
+                with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+                    legacy = any(k.endswith(".lora_A") for k in f.keys())
+            except Exception:  # unreadable: the original error says why
+                legacy = False
+            if legacy:
+                fix = f"from core.layers import convert_legacy_lora_checkpoint as c; c('{ckpt}')"
+                raise CheckpointError(f"{e}. Its LoRA keys are the pre-peft layout: convert the folder once "
+                                      f"with `python -c \"{fix}\"`") from None
+            raise
 
     def lora_parts(self) -> list[nn.Module]:
         """The sub-networks that get LoRA on adaptation."""

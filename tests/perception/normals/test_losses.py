@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from perception.normals.losses import (
@@ -26,6 +27,24 @@ def test_haar_round_trip_is_exact_and_orthonormal():
     torch.testing.assert_close(haar_idwt(*bands), x, atol=1e-12, rtol=0)
     energy = sum(b.pow(2).sum() for b in bands)  # orthonormal: energy preserved
     torch.testing.assert_close(energy, x.pow(2).sum())
+
+
+def test_haar_equals_pywavelets_and_ptwt_on_fixed_inputs():
+    """The own Haar is PyWavelets' / ptwt's one-level ``haar`` DWT: same bands, order and signs (float64,
+    1e-12)."""
+    pywt = pytest.importorskip("pywt", reason="PyWavelets is the reference (installed with scikit-image)")
+    x = torch.randn(2, 3, 8, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    ll, (lh, hl, hh) = pywt.dwt2(x.numpy(), "haar", axes=(-2, -1))
+    for own, ref in zip(haar_dwt(x), (ll, lh, hl, hh)):
+        torch.testing.assert_close(own, torch.from_numpy(ref), atol=1e-12, rtol=0)
+    try:
+        import ptwt
+    except ImportError:  # not a dependency (see the losses module docstring); checked where installed
+        return
+    lib = ptwt.wavedec2(x, "haar", level=1)
+    for own, ref in zip(haar_dwt(x), (lib[0], *lib[1])):
+        torch.testing.assert_close(own, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(haar_idwt(*haar_dwt(x)), ptwt.waverec2(lib, "haar"), atol=1e-12, rtol=0)
 
 
 def test_haar_bands_mean_what_they_say():

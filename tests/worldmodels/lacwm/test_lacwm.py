@@ -231,6 +231,93 @@ def test_adapted_checkpoint_round_trips(tmp_path):
     assert torch.equal(loaded(b["frames"], b["actions"], "Hand"), model.eval()(b["frames"], b["actions"], "Hand"))
 
 
+# Recorded with the former own LoRA code on the shipped checkpoints BEFORE their keys were converted to peft's
+# names (issue #21): per-(sample, step, channel) means of the imagined frames (per-(sample, step) means of the
+# latent actions), then 4 fixed random projections of the whole tensor (see _fingerprint).
+GOLDEN = {
+    "lacwm": {
+        "imagined": [0.00346698864, 0.0155297243, -0.00977922699, 0.00303532548, 0.0179536242, -0.0106216078,
+                     -0.00880311364, 0.0324192864, -0.0246491567, -0.01301961, 0.0367080519, -0.0275822505,
+                     0.342282121, -0.406152005, -0.48843083, 0.921744401],
+        "latent": [-0.0576334166, -0.116600034, -0.05878498, -0.0568045042, 1.4209977, 2.16095322,
+                   -1.43351501, 0.960890292],
+    },
+    "eacwm": {
+        "imagined": [-0.0137433198, -0.00249570299, -0.0191435497, -0.0309279228, -0.0203190424,
+                     -0.0281769299, 0.0196937759, 0.0247674888, 0.00887190531, 0.00944108161, 0.00991429354,
+                     0.00634080081, 0.340455117, -0.475792322, -0.458392563, 0.48054537],
+    },
+}
+
+
+def _golden_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(21)
+    frames = torch.randint(0, 256, (2, 3, 3, 64, 64), generator=g, dtype=torch.uint8)
+    return frames, torch.randn(2, 2, 36, generator=g)
+
+
+def _fingerprint(t: torch.Tensor, lead: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    flat = t.flatten().double()
+    proj = torch.randn(4, flat.numel(), generator=g, dtype=torch.float64) @ flat / flat.numel() ** 0.5
+    return torch.cat([t.flatten(lead).double().mean(-1).flatten(), proj])
+
+
+def _rollouts(model) -> dict[str, torch.Tensor]:
+    frames, actions = _golden_batch()
+    with torch.no_grad():
+        out = {"imagined": _fingerprint(model(frames, actions, "Panda+InspireHand"), 3)}
+        if hasattr(model, "latent_actions"):
+            out["latent"] = _fingerprint(model.latent_actions(frames), 2)
+    return out
+
+
+@pytest.mark.parametrize("name", ["lacwm", "eacwm"])
+def test_shipped_checkpoints_roll_out_as_before_the_peft_key_conversion(name):
+    """Same imagined frames (and LAC-WM latent actions: the IDM's LoRA) as recorded before the conversion."""
+    from pathlib import Path
+
+    from core.layers import is_lora_layer
+    from worldmodels.lacwm.modeling_lacwm import WorldModel
+
+    path = Path(__file__).resolve().parents[3] / "assets" / "checkpoints" / name
+    model = WorldModel.from_pretrained(path)
+    assert sum(is_lora_layer(m) for m in model.modules()) == {"lacwm": 37, "eacwm": 25}[name]
+    got = _rollouts(model)
+    for key, want in GOLDEN[name].items():
+        torch.testing.assert_close(got[key], torch.tensor(want, dtype=torch.float64), atol=1e-5, rtol=0)
+    # the fingerprint sees the adapters: without them (B = 0) the rollout differs well beyond the tolerance
+    for m in model.modules():
+        if is_lora_layer(m):
+            torch.nn.init.zeros_(m.lora_B["default"].weight)
+    golden = torch.tensor(GOLDEN[name]["imagined"], dtype=torch.float64)
+    assert (_rollouts(model)["imagined"] - golden).abs().max() > 1e-3
+
+
+def test_checkpoint_with_former_lora_keys_names_the_converter_and_loads_after_it(tmp_path):
+    from core.checkpoint import load_weights, save_checkpoint, save_weights
+    from core.errors import CheckpointError
+    from core.layers import convert_legacy_lora_checkpoint
+    from worldmodels.lacwm.modeling_lacwm import WorldModel
+
+    model = adapt_model(build_model(LACWMConfig(**TINY)), "Hand", 7)
+    for n, p in model.named_parameters():
+        torch.nn.init.normal_(p, std=0.05) if "lora_" in n else None
+    save_checkpoint(tmp_path / "ck", model, {"method": "lacwm", "model": dataclasses.asdict(model.config)})
+    weights = tmp_path / "ck" / "model.safetensors"
+    legacy = {k.replace(".base_layer.", ".base.").replace(".lora_A.default.weight", ".lora_A")
+              .replace(".lora_B.default.weight", ".lora_B"): v for k, v in load_weights(weights).items()}
+    save_weights(legacy, weights)  # what the former own LoRA wrote
+    with pytest.raises(CheckpointError, match="convert_legacy_lora_checkpoint") as e:
+        WorldModel.from_pretrained(tmp_path / "ck")
+    assert "\n" not in str(e.value)
+    assert convert_legacy_lora_checkpoint(tmp_path / "ck")["model.safetensors"] > 0
+    b = _batch(a=7)
+    loaded = WorldModel.from_pretrained(tmp_path / "ck")
+    want = model.eval()(b["frames"], b["actions"], "Hand")
+    assert torch.equal(loaded(b["frames"], b["actions"], "Hand"), want)
+
+
 def test_planner_refuses_an_env_rendering_another_camera(tmp_path):
     """A world model trained on workspace-camera frames must not plan on agentview frames (silently wrong)."""
     import gymnasium as gym
