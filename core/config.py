@@ -131,6 +131,11 @@ class RecordConfig:
     noise: float = 0.05
     seed: int = 0
     image_size: int = 64
+    camera: str | None = None  # the env's default camera when None (manipulation: agentview; or "workspace")
+
+    def env_kwargs(self) -> dict:
+        """Keyword arguments of the recording env."""
+        return {"image_size": self.image_size, **({"camera": self.camera} if self.camera else {})}
 
 
 @dataclass
@@ -208,6 +213,11 @@ class EnvConfig:
     episodes: int = 10
     seed: int = 1000  # evaluation seeds start here, away from the training rollouts' seeds
     max_episode_steps: int | None = None
+    camera: str | None = None  # the env's default camera when None; must be the one the policy learned from
+
+    def env_kwargs(self) -> dict:
+        """Keyword arguments of the evaluation env."""
+        return {"image_size": self.image_size, **({"camera": self.camera} if self.camera else {})}
 
     def __post_init__(self):
         if self.episodes < 1 or self.num_envs < 1:

@@ -48,12 +48,35 @@ def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
     target = missing[0]
     log.info("recording %d %s episodes of %s into %s", rec.episodes, rec.policy, rec.env_id, target)
     cfg = RolloutConfig(env_id=rec.env_id, episodes=rec.episodes, seed=rec.seed, policy=rec.policy,
-                        noise=rec.noise, env_kwargs={"image_size": rec.image_size})
+                        noise=rec.noise, env_kwargs=rec.env_kwargs())
     result = record_rollout(cfg, target.parent, video=False)
     produced = Path(result.summary["hdf5"])
     if produced.resolve() != target.resolve():
         produced.replace(target)
     return paths
+
+
+def recorded_camera(path: Path) -> str | None:
+    """The camera a file was recorded with (``env_args.env_kwargs.camera``; None: the env's default)."""
+    import json
+
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        env_args = f["data"].attrs.get("env_args", "{}")
+    return json.loads(env_args).get("env_kwargs", {}).get("camera") if isinstance(env_args, str) else None
+
+
+def check_camera(paths: list[Path], env: EnvConfig) -> None:
+    """Refuse data seen through another camera than the one closed-loop evaluation will render."""
+    from core.errors import ConfigError
+
+    for p in paths:
+        cam = recorded_camera(p)
+        if (cam or "default") != (env.camera or "default"):
+            raise ConfigError(f"{p} was recorded with camera {cam or 'default'!r} but env.camera is "
+                              f"{env.camera or 'default'!r}: the policy would be evaluated on another view "
+                              "(record again, or set env.camera to match)")
 
 
 def normalization_stats(paths: list[Path], proprio_key: str) -> dict[str, np.ndarray]:
@@ -81,6 +104,7 @@ def train(cfg) -> dict[str, Any]:
     data_cfg: TrajectoryDataConfig = to_object(cfg.data)
     trainer_cfg: TrainerConfig = to_object(cfg.trainer)
     paths = ensure_data(data_cfg)
+    check_camera(paths, to_object(cfg.env))
     obs_keys = [model_cfg.image_key, model_cfg.proprio_key]
     dataset = TrajectoryDataset(paths, obs_keys=obs_keys, horizon=model_cfg.horizon, frame_stack=1,
                                 stride=data_cfg.stride, filter_key=data_cfg.filter_key, on_error=data_cfg.on_error)
@@ -129,7 +153,7 @@ def evaluate(cfg) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for name in [str(ckpt), *cfg.eval.baselines]:
         rc = RolloutConfig(env_id=env_cfg.id, episodes=env_cfg.episodes, num_envs=env_cfg.num_envs, seed=env_cfg.seed,
-                           policy=name, env_kwargs={"image_size": env_cfg.image_size},
+                           policy=name, env_kwargs=env_cfg.env_kwargs(),
                            max_episode_steps=env_cfg.max_episode_steps, progress=True)
         summary = rollout(rc).summary
         key = "bc" if name == str(ckpt) else name
