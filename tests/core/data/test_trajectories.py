@@ -185,3 +185,130 @@ def test_bad_files_raise_or_skip(tmp_path, traj_file):
     assert ds.skipped == {"files": 3, "episodes": 1}
     assert len(ds.episodes) == 3 + 1 and len(ds.errors) == 4
     assert all(isinstance(e, DataError) for e in ds.errors)
+
+
+# -- cache modes, batched reads, workers ---------------------------------------------------------------
+def _assert_same_items(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("cache", ["low_dim", "all"])
+@pytest.mark.parametrize("horizon, frame_stack", [(1, 1), (3, 2), (8, 8)])
+def test_cache_modes_give_the_items_of_none(traj_file, libero_file, tmp_path, episode_factory, cache, horizon,
+                                            frame_stack):  # fmt: skip
+    path, _ = traj_file
+    big = tmp_path / "big.hdf5"  # other image size and action dim: batches of mixed shapes
+    rng = np.random.default_rng(5)
+    with TrajectoryWriter(big) as w:
+        for T in (3, 9):
+            ep = episode_factory(rng, T, 5)
+            ep["obs"]["image"] = rng.integers(0, 256, (T, 16, 12, 3), dtype=np.uint8)
+            w.add_episode(ep["obs"], ep["actions"], dones=np.zeros(T), attrs={"embodiment": "Other"})
+    cases = [
+        dict(paths=path),
+        dict(paths=libero_file, obs_keys=["agentview_rgb", "ee_states", "joint_states"]),  # stored bottom-up
+        dict(paths=[path, big], obs_keys=["image", "proprio"], action_pad_to=8, stride=2),
+        dict(paths=[path, big], obs_keys=["image", "proprio"], pad_end=False),
+    ]
+    for kw in cases:
+        ref = TrajectoryDataset(**kw, horizon=horizon, frame_stack=frame_stack, cache="none")
+        ds = TrajectoryDataset(**kw, horizon=horizon, frame_stack=frame_stack, cache=cache)
+        assert len(ds) == len(ref) > 0 and ds.cache_nbytes > 0 and ref.cache_nbytes == 0
+        want = [ref[i] for i in range(len(ref))]
+        for i in range(len(ds)):
+            _assert_same_items(ds[i], want[i])
+        order = np.random.default_rng(0).permutation(len(ds)).tolist() * 2  # repeats: frames shared
+        for got_ref, got, i in zip(ref.__getitems__(order), ds.__getitems__(order), order):
+            _assert_same_items(got_ref, want[i])
+            _assert_same_items(got, want[i])
+    assert TrajectoryDataset(path, cache="low_dim")[-1]["timestep"] == 6
+    with pytest.raises(IndexError):
+        TrajectoryDataset(path).__getitems__([0, 18])
+    with pytest.raises(ValueError, match="cache must be one of"):
+        TrajectoryDataset(path, cache="everything")
+
+
+def test_all_cache_batches_copy_images_once(traj_file):
+    path, _ = traj_file
+    ds = TrajectoryDataset(path, horizon=2, frame_stack=3, cache="all")
+    want = ds[5]["obs.image"].clone()
+    ds[5]["obs.image"].zero_()  # single samples are fresh copies
+    batch = next(iter(DataLoader(ds, batch_size=4)))
+    batch["obs.image"].zero_()  # a collated batch is a normal tensor
+    item = ds.__getitems__([5, 6])[0]
+    item["actions"].mul_(0)  # in the batch path, everything but cached images is fresh too
+    assert torch.equal(ds[5]["obs.image"], want) and ds[5]["actions"].abs().sum() > 0
+    assert item["obs.image"].is_inference() and not ds[5]["obs.image"].is_inference()
+    with pytest.raises(RuntimeError, match="[Ii]nplace update to inference tensor"):
+        item["obs.image"].add_(1)  # a view of the cache: an in-place update fails loudly
+
+
+def test_handles_and_attributes_resolved_once_per_process(traj_file, monkeypatch):
+    path, _ = traj_file
+    calls = {"open": 0, "group": 0}
+    real_init, real_group = TrajectoryFile.__init__, TrajectoryFile._group
+
+    def counting_init(self, *a, **k):
+        calls["open"] += 1
+        real_init(self, *a, **k)
+
+    def counting_group(self, name):
+        calls["group"] += 1
+        return real_group(self, name)
+
+    monkeypatch.setattr(TrajectoryFile, "__init__", counting_init)
+    monkeypatch.setattr(TrajectoryFile, "_group", counting_group)
+    ds = TrajectoryDataset(path, horizon=3, frame_stack=2, cache="none")
+    for _ in range(2):
+        ds.__getitems__(list(range(len(ds))))
+        _ = [ds[i] for i in range(len(ds))]
+    calls = {k: 0 for k in calls}
+    for _ in range(3):  # warm: no file opened, no episode group looked up again
+        ds.__getitems__(list(range(len(ds))))
+        _ = [ds[i] for i in range(len(ds))]
+    assert calls == {"open": 0, "group": 0}
+
+
+@pytest.mark.parametrize("cache", ["none", "low_dim", "all"])
+def test_pickled_and_forked_workers_give_the_same_batches(traj_file, cache):
+    import pickle
+
+    path, _ = traj_file
+    ds = TrajectoryDataset(path, horizon=3, frame_stack=2, cache=cache)
+    _ = ds.__getitems__([0, 1, 2])  # the parent holds open handles (and views); copies must not reuse them
+    clone = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets
+    assert clone._handles == {} and clone._episode_ds == {} and clone._views == {}
+    for i in range(len(ds)):
+        _assert_same_items(clone[i], ds[i])
+
+    def batches(workers):
+        loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers,
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+        return list(loader)
+
+    for a, b in zip(batches(0), batches(2), strict=True):
+        _assert_same_items(b, a)
+    ds.close()
+    assert ds._handles == {} and ds[0]["actions"].shape == (3, 7)
+
+
+def test_corrupt_chunk_raises_naming_file_and_episode(traj_file, tmp_path):
+    import h5py
+
+    path, _ = traj_file
+    bad = tmp_path / "corrupt.hdf5"
+    bad.write_bytes(path.read_bytes())
+    with h5py.File(bad, "r") as f:
+        chunk = f["data/demo_1/obs/image"].id.get_chunk_info(2)  # gzip'd frame 2 of demo_1
+    with open(bad, "r+b") as fh:
+        fh.seek(chunk.byte_offset)
+        fh.write(b"\xff" * chunk.size)
+    ds = TrajectoryDataset(bad, horizon=1, frame_stack=1, cache="low_dim")  # images are read later
+    _ = ds[0]
+    with pytest.raises(DataError, match=r"corrupt\.hdf5: demo_1/obs/image: cannot read"):
+        ds.__getitems__(list(range(len(ds))))
+    with pytest.raises(DataError, match=r"corrupt\.hdf5: demo_1/obs/image: cannot read"):
+        TrajectoryDataset(bad, cache="all")  # read at construction

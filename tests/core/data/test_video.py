@@ -49,3 +49,28 @@ def test_frame_folder_and_errors(tmp_path):
     assert ds.skipped == 1 and len(ds.sources) == 1
     with pytest.raises(DataError, match="nothing.mp4: no such file"):
         VideoClipDataset(tmp_path / "nothing.mp4")
+
+
+def test_cache_all_gives_the_clips_of_none(tmp_path):
+    rng = np.random.default_rng(0)
+    video = rng.integers(0, 256, (14, 16, 24, 3), dtype=np.uint8)  # noise: lossy coding changes pixels
+    path = write_mp4(tmp_path / "noise.mp4", video, fps=12)
+    for t, f in enumerate(video[:7]):
+        write_image(tmp_path / "seq" / f"{t}.png", f[..., 0] if t == 3 else f)  # one grey frame
+    whole = read_frames(path)
+    for kw in (dict(clip_len=3, stride=2, step=1), dict(clip_len=2, step=3, size=(8, 10))):
+        ref = VideoClipDataset([path, tmp_path / "seq"], **kw)
+        ds = VideoClipDataset([path, tmp_path / "seq"], **kw, cache="all")
+        assert len(ds) == len(ref) > 0 and ref.cache_nbytes == 0
+        assert ds.cache_nbytes == (14 + 7) * 3 * np.prod(kw.get("size", (16, 24)))
+        for i in range(len(ref)):
+            a, b = ref[i], ds[i]
+            assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), (kw, i)
+        if "size" not in kw:  # clips of the mp4 are the frames of one decode of the whole file
+            vi, start = (int(x) for x in ref._index[5])
+            assert vi == 0 and np.array_equal(ref.clip(vi, start), whole[start : start + 5 : 2])
+    (tmp_path / "broken.mp4").write_bytes(b"not a video")
+    ds = VideoClipDataset([path, tmp_path / "broken.mp4"], clip_len=2, on_error="skip", cache="all")
+    assert ds.skipped == 1 and ds.sources == [path] and set(ds._cached) == {0}
+    with pytest.raises(ValueError, match="cache must be"):
+        VideoClipDataset(path, cache="low_dim")
