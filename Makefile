@@ -61,8 +61,9 @@ test-slow: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow --timeout=1800
 
 bench: setup
-	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common)$$'); do \
-	  echo "== benchmarks.$$b"; $(PY) -m benchmarks.$$b --quick; done
+	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common|summary)$$'); do \
+	  echo "== benchmarks.$$b"; OMP_NUM_THREADS=1 $(PY) -m benchmarks.$$b --quick; done
+	$(PY) -m benchmarks.summary
 
 lint: setup
 	$(VENV)/bin/ruff check .

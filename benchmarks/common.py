@@ -2,19 +2,30 @@
 
 Every benchmark measures one thing against a baseline or a limit in the same run (these machines are
 noisy: compare ratios, not absolute times), prints a table, writes ``benchmarks/results/<name>.json``
-atomically as ``{"name", "device", "quick", "ratios", "figures", "config"}`` and ends with one line
-``RESULT <name> key=value ...`` (the ratios).
+atomically as ``{"name", "device", "quick", "ratios", "goals", "figures", "config"}`` and ends with one
+line ``RESULT <name> key=value ...`` (the ratios). Each benchmark's docstring states its limit (what cannot
+be beaten and why) and it reports at least one ``*_vs_limit`` ratio; ``goals`` maps a ratio to the target
+it is held to, as a string ``"<= 2"`` / ``">= 0.7"`` (``benchmarks.summary`` prints them side by side).
 
 Typical use::
 
     args = parse_args(__doc__)
-    t = timeit(lambda: run_once(), warmup=1, repeats=3 if args.quick else 7)
-    write_result("loaders", device, args.quick, ratios={...}, figures={...}, config={...})
+    t = interleaved({"new": run_new, "base": run_base}, repeats=3 if args.quick else 7)  # best-of-N each
+    write_result("loaders", device, args.quick, ratios={...}, figures={...}, config={...},
+                 goals={"new_vs_base": "<= 1.0"})
+
+Peak memory: ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the
+process's resident-set high-water mark over the call (Linux ``VmHWM``, reset through
+``/proc/self/clear_refs`` after ``malloc_trim`` hands freed heap pages back), which sees every allocation —
+torch tensors, kernel workspaces, MKL buffers — that tracemalloc and tensor counters miss.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -84,6 +95,91 @@ def timeit(fn: Callable[[], Any], warmup: int = 1, repeats: int = 5, device: str
     return t
 
 
+def interleaved(fns: Mapping[str, Callable[[], Any]], warmup: int = 1, repeats: int = 5,
+                device: str = "cpu") -> dict[str, Timing]:
+    """Time several functions round-robin (one call of each per round), so drift on a shared machine hits
+    all of them alike; compare their ``Timing.best`` (best-of-N) or ``.median``."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+            synchronize(device)
+    out = {name: Timing() for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            out[name].times.append(time.perf_counter() - t0)
+    return out
+
+
+def _proc_status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _rss_peak_available() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        _proc_status_bytes("VmHWM")
+        return True
+    except (OSError, KeyError):
+        return False
+
+
+def peak_memory_bytes(fn: Callable[[], Any], device: str = "cpu") -> int | None:
+    """Peak memory one call of ``fn`` adds on top of what is live before it (bytes; None if unmeasurable).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` above the allocated bytes at the start. CPU (Linux): the
+    resident-set high-water mark during the call minus the resident set before it; freed heap memory is
+    first returned to the OS (``malloc_trim``) so that re-used pages count, and the high-water mark is
+    reset by writing ``5`` to ``/proc/self/clear_refs``. Returns None where ``/proc`` does not allow it.
+    """
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
+    if not _rss_peak_available():
+        return None
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _proc_status_bytes("VmRSS")
+    fn()
+    return max(0, _proc_status_bytes("VmHWM") - before)
+
+
+_GOAL = re.compile(r"^\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+def parse_goal(goal: str) -> tuple[str, float]:
+    """``"<= 1.1"`` -> ``("<=", 1.1)``; a malformed goal raises ``ValueError`` naming it."""
+    m = _GOAL.match(str(goal))
+    if not m:
+        raise ValueError(f"goal {goal!r}: expected '<= X', '>= X', '< X' or '> X'")
+    return m.group(1), float(m.group(2))
+
+
+def goal_met(value: float, goal: str) -> bool:
+    """Whether ``value`` satisfies ``goal`` (see ``parse_goal``)."""
+    op, target = parse_goal(goal)
+    return {"<=": value <= target, ">=": value >= target, "<": value < target, ">": value > target}[op]
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -111,6 +207,7 @@ def write_result(
     figures: Mapping[str, Any],
     config: Mapping[str, Any],
     results_dir: str | Path | None = None,
+    goals: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``<results_dir>/<name>.json`` atomically, print the ratios and the final ``RESULT`` line.
 
@@ -122,7 +219,14 @@ def write_result(
         figures: Supporting absolute numbers (samples/s, seconds ...).
         config: Sizes and settings the run used.
         results_dir: Override of ``benchmarks/results``.
+        goals: Target of each held ratio, ``"<= X"`` / ``">= X"`` (``parse_goal``); a goal for a ratio that is
+            not reported is an error.
     """
+    goals = dict(goals or {})
+    for key, goal in goals.items():
+        parse_goal(goal)
+        if key not in ratios:
+            raise ValueError(f"goal for {key!r}, which is not a reported ratio of {name}")
     out = Path(results_dir) if results_dir is not None else RESULTS_DIR
     path = out / f"{name}.json"
     record = {
@@ -130,11 +234,14 @@ def write_result(
         "device": device,
         "quick": bool(quick),
         "ratios": {k: float(v) for k, v in ratios.items()},
+        "goals": goals,
         "figures": dict(figures),
         "config": dict(config),
     }
     write_json(path, record)
-    print_table([{"ratio": k, "value": float(v)} for k, v in ratios.items()])
+    print_table([{"ratio": k, "value": float(v), "goal": goals.get(k, ""),
+                  "met": ("yes" if goal_met(float(v), goals[k]) else "NO") if k in goals else ""}
+                 for k, v in ratios.items()])
     print(f"wrote {path}")
     print(f"RESULT {name} " + " ".join(f"{k}={float(v):.4g}" for k, v in ratios.items()))
     return path

@@ -1,14 +1,24 @@
-"""World-model speed: imagined frames/s of LAC-WM vs frames/s of the rendered simulator, and planning rate.
+"""World-model speed: imagined frames/s of LAC-WM vs frames/s of the rendered simulator, planning rate, and
+imagination against its limit.
+
+Limit (what cannot be beaten): imagination is autoregressive — step t's frame is the FDM's input at step
+t + 1 — so a rollout of T steps must run T FDM forward passes one after the other, each on its window of
+the last ``context`` frames; nothing else is needed. The limit is the sum of those T forward passes timed
+alone on the same (precomputed) windows and latents; ``imagine_vs_limit`` is the rollout's overhead on top
+(window stacking, clamping, the uint8 -> float codec conversion). The simulator side has its own limits in
+``benchmarks.sim``.
 
 Ratios (measured in one run; absolute times on these shared machines vary between runs):
     imagined_vs_sim_frames    imagined frames/s (batched autoregressive FDM rollouts: projector + FDM,
-                              16 rollouts x 8 steps; the ratio grows with that batch) / rendered simulator frames/s (one env step
-                              with a camera image of the same size, Reach-Panda, 20 Hz control).
-                              Higher is better; > 1 means imagining is cheaper than simulating.
+                              16 rollouts x 8 steps; the ratio grows with that batch) / rendered simulator
+                              frames/s (one env step with a camera image of the same size, Reach-Panda,
+                              20 Hz control). Higher is better; > 1: imagining is cheaper than simulating.
     planning_decisions_per_s  candidate-selection decisions per second (16 candidates x 4 imagined
                               transitions, scoring against a goal image), absolute rate (higher is better).
     decision_vs_sim_step      time of one planning decision / time of one rendered simulator step
                               (lower is better).
+    imagine_vs_limit          time of ``model.imagine`` (16 x 8) / the sum of its 8 FDM forward passes timed
+                              alone (lower is better; goal <= 1.10).
 The model is the shipped checkpoint in ``assets/checkpoints/lacwm`` when present, else a randomly
 initialised model of ``configs/model/lacwm.yaml`` (speed does not depend on the weights).
 """
@@ -22,7 +32,14 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 import torch  # noqa: E402
 
-from benchmarks.common import default_device, parse_args, print_table, timeit, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    default_device,
+    interleaved,
+    parse_args,
+    print_table,
+    timeit,
+    write_result,
+)
 from benchmarks.sim import env_steps_per_s  # noqa: E402
 from core.bootstrap import prepare_process  # noqa: E402
 from core.resources import asset  # noqa: E402
@@ -64,6 +81,27 @@ def main() -> None:
         with torch.no_grad():
             model.imagine(frame, enc(acts))
 
+    z_seq = enc(acts).detach()
+    # the limit's inputs: the exact windows / latents the rollout feeds its T forward passes
+    calls = []
+    with torch.no_grad():
+        frames = [model.codec.to_float(frame)]
+        for t in range(steps):
+            lo = max(0, t + 1 - c.context)
+            calls.append((torch.stack(frames[lo: t + 1], 1), z_seq[:, lo: t + 1]))
+            frames.append(model.predict(*calls[-1])[:, -1].clamp(-1, 1))
+
+    def imagine_only():
+        with torch.no_grad():
+            model.imagine(frame, z_seq)
+
+    def forward_passes():
+        with torch.no_grad():
+            for window, z in calls:
+                model.predict(window, z)
+
+    t_lim = interleaved({"imagine": imagine_only, "limit": forward_passes}, warmup=1,
+                        repeats=3 if args.quick else 10, device=device)
     t_im = timeit(imagine, warmup=1, repeats=3 if args.quick else 10, device=device).median
     imagined_fps = batch * steps / t_im
     sim_fps = env_steps_per_s("embodied/Reach-Panda-v0", c.image_size, 20 if args.quick else 100)
@@ -83,8 +121,11 @@ def main() -> None:
     print_table(rows)
     write_result("worldmodel", device, args.quick,
                  ratios={"imagined_vs_sim_frames": imagined_fps / sim_fps, "planning_decisions_per_s": 1.0 / t_dec,
-                         "decision_vs_sim_step": t_dec * sim_fps},
+                         "decision_vs_sim_step": t_dec * sim_fps,
+                         "imagine_vs_limit": t_lim["imagine"].best / t_lim["limit"].best},
+                 goals={"imagined_vs_sim_frames": ">= 1", "imagine_vs_limit": "<= 1.10"},
                  figures={"imagined_fps": imagined_fps, "sim_fps": sim_fps, "decision_s": t_dec,
+                          "imagine_best_s": t_lim["imagine"].best, "limit_best_s": t_lim["limit"].best,
                           "model_params": int(sum(p.numel() for p in model.parameters()))},
                  config={"batch": batch, "steps": steps, "image_size": c.image_size, "candidates": 16,
                          "plan_horizon": 4, "checkpoint": str(ASSET) if (ASSET / "model.safetensors").exists() else None})

@@ -405,6 +405,23 @@ class TransNormalModel(PreTrainedModel):
         return {"rgb": to_unit_range(rgb), "twin": None if twin is None else to_unit_range(twin),
                 "normals": normals, "valid": valid}
 
+    @torch.no_grad()
+    def encode_targets(self, rgb: torch.Tensor, normals: torch.Tensor, twin: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Latents of the RGB image, the normal map and (optionally) the twin view with ONE VAE encoder call.
+
+        The three (B, 3, H, W) float [-1, 1] batches are concatenated along the batch axis (the frozen VAE has
+        no cross-sample layers: GroupNorm, convolutions and per-image attention), so the latents equal three
+        separate ``encode`` calls while the encoder runs once on 2B or 3B images.
+
+        Returns:
+            ``(z_rgb, z_normals, z_twin)``, each (B, C, H/f, W/f); ``z_twin`` is None when ``twin`` is None.
+        """
+        B = rgb.shape[0]
+        parts = [rgb, normals.to(rgb.dtype)] + ([twin.to(rgb.dtype)] if twin is not None else [])
+        z = self.encode(torch.cat(parts))
+        return z[:B], z[B: 2 * B], (z[2 * B:] if twin is not None else None)
+
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Losses of the paper on a batch of ``DenseImageDataset`` samples.
 
@@ -415,10 +432,7 @@ class TransNormalModel(PreTrainedModel):
         d = self._prepare(batch)
         x, twin, normals, valid = d["rgb"], d["twin"], d["normals"], d["valid"]
         B = x.shape[0]
-        with torch.no_grad():
-            z_rgb = self.encode(x)
-            z_n = self.encode(normals)
-            z_twin = self.encode(twin) if twin is not None and c.w_cons > 0 else None
+        z_rgb, z_n, z_twin = self.encode_targets(x, normals, twin if c.w_cons > 0 else None)
         cell_valid = latent_valid_mask(valid, self.factor)  # (B, h, w)
         if c.mode == "diffusion":
             return self._diffusion_step(x, z_rgb, z_n, cell_valid)

@@ -197,3 +197,24 @@ def test_dinov3_from_hugging_face_layout_matches_timm(tmp_path):
                               num_heads=2)
     with pytest.raises(CheckpointError, match=r"_proj\.bias is non-zero"):
         hf_dinov3_to_timm(hf.state_dict(), plain)
+
+
+def test_training_encodes_rgb_normals_and_twin_in_one_vae_call_equal_to_three():
+    torch.manual_seed(0)
+    model = TransNormalModel(tiny_config())
+    batch = _batch(B=3, size=32, seed=3)
+    d = model._prepare(batch)
+    with torch.no_grad():
+        separate = [model.encode(t) for t in (d["rgb"], d["normals"], d["twin"])]
+    z_rgb, z_n, z_twin = model.encode_targets(d["rgb"], d["normals"], d["twin"])
+    for got, exp in zip((z_rgb, z_n, z_twin), separate):
+        torch.testing.assert_close(got, exp, atol=1e-6, rtol=1e-5)
+    assert model.encode_targets(d["rgb"], d["normals"])[2] is None
+    # training_step runs the VAE encoder once per step (was three times: RGB, normals, twin)
+    calls = []
+    hook = model.vae.encoder.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    try:
+        model.training_step(batch)
+    finally:
+        hook.remove()
+    assert calls == [3 * 3], calls

@@ -110,6 +110,59 @@ def test_linear_variant_equals_explicit_gather():
     torch.testing.assert_close(fast, ref, atol=1e-10, rtol=1e-8)
 
 
+@pytest.mark.parametrize("learn_bw", [False, True])
+def test_linear_variant_equals_gather_in_values_and_gradients(learn_bw):
+    # learn_bw=True takes the stacked [A; A cos] path (gradients reach b, w), False the per-head weighted one
+    grid = SphereGrid(2, ring=2).double()  # float64 geometry: edge_cos() too
+    q, k, v = (t.requires_grad_() for t in qkv(grid.n, heads=3, d=5, seed=2))
+    b = torch.tensor([0.3, 1.0, 2.5], dtype=torch.float64, requires_grad=learn_bw)
+    w = torch.tensor([1.5, 0.0, 0.7], dtype=torch.float64, requires_grad=learn_bw)
+    dirs = grid.dirs
+    inputs = (q, k, v, b, w) if learn_bw else (q, k, v)
+    ref = linear_attention_gather(q, k, v, dirs, grid.index, grid.mask, b, w)
+    g_ref = torch.autograd.grad((ref * ref.detach().cos()).sum(), inputs)
+    for adj, cos in ((grid.adjacency(), None), (grid.adjacency().to_sparse_csr(), grid.edge_cos())):
+        out = sola_linear_attention(q, k, v, dirs, adj, b, w, edge_cos=cos)
+        torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-8)
+        for got, exp in zip(torch.autograd.grad((out * ref.detach().cos()).sum(), inputs), g_ref):
+            torch.testing.assert_close(got, exp, atol=1e-10, rtol=1e-8)
+    # half-precision inputs are aggregated in float32 and come back in their own dtype
+    with torch.no_grad():
+        half = sola_linear_attention(*(t.bfloat16() for t in (q, k, v)), dirs.float(), grid.adjacency(), b, w)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), ref.detach(), atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_linear_variant_memory_does_not_grow_with_neighbourhood(grad):
+    """No tensor the linear variant creates holds more than one head's [k v^T | k] (2x when b, w learn), for
+    any K: the lifted (N, h (4d x d + 4d)) outer products and (N, K, .) gathers are never materialised."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    bsz, heads, d = 2, 4, 8
+    largest = {}
+    for ring in (1, 3):
+        grid = SphereGrid(3, ring=ring)
+        q, k, v = (t.float() for t in qkv(grid.n, heads=heads, d=d, batch=bsz))
+        b, w = torch.ones(heads, requires_grad=grad), torch.ones(heads, requires_grad=grad)
+        grid.adjacency(), grid.edge_cos()  # the grid's cached geometry is not part of the forward
+        with torch.set_grad_enabled(grad), Largest() as m:
+            sola_linear_attention(q, k, v, grid.dirs, grid.adjacency(), b, w, edge_cos=grid.edge_cos())
+        largest[ring] = m.numel
+        assert m.numel <= (2 if grad else 1) * grid.n * bsz * (d * d + d), (ring, m.numel)
+    assert largest[1] == largest[3]
+
+
 def test_w_zero_is_plain_content_attention():
     grid = SphereGrid(2)
     q, k, v = qkv(grid.n)
