@@ -273,16 +273,8 @@ def load_policy(path: str | Path, env: Any) -> Any:
     Methods that can act register a factory ``(checkpoint_dir, env) -> Policy`` in
     ``core.registry.POLICIES`` under their method name.
     """
-    from core.registry import POLICIES, load_plugins
+    from core.pretrained import method_entry
+    from core.registry import POLICIES
 
-    load_plugins()
-
-    from core.pretrained import read_config
-
-    ckpt = resolve_checkpoint(path)
-    method = read_config(ckpt).get("method")
-    if not method:
-        raise CheckpointError(f"{ckpt}: its config.json names no method, so no policy can be built from it")
-    if method not in POLICIES:
-        raise CheckpointError(f"{ckpt}: method {method!r} provides no policy for closed-loop rollouts")
-    return POLICIES.get(method)(ckpt, env)
+    ckpt, factory = method_entry(path, POLICIES, "policy for closed-loop rollouts")
+    return factory(ckpt, env)

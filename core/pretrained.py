@@ -266,15 +266,26 @@ def weights_file(directory: Path, use_ema: bool | None) -> Path:
     return directory / MODEL_FILE
 
 
-def load_pretrained(path: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """Load any method's model: the class is the one its method registered (``core.registry.MODELS``)."""
-    from core.registry import MODELS, load_plugins
+def method_entry(path: str | Path, registry: Any, what: str) -> tuple[Path, Any]:
+    """(resolved checkpoint, ``registry``'s entry for the method its ``config.json`` names).
+
+    ``what`` names the entry kind in the one-line error when the method registers none (e.g. "model class").
+    """
+    from core.registry import load_plugins
 
     load_plugins()
     ckpt = resolve_checkpoint(path)
     method = read_config(ckpt).get("method")
     if not method:
-        raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method")
-    if method not in MODELS:
-        raise CheckpointError(f"{ckpt}: method {method!r} registers no model class (known: {', '.join(MODELS.names())})")
-    return MODELS.get(method).from_pretrained(ckpt, **kwargs)
+        raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method, so no {what} can be built from it")
+    if method not in registry:
+        raise CheckpointError(f"{ckpt}: method {method!r} registers no {what} (known: {', '.join(registry.names())})")
+    return ckpt, registry.get(method)
+
+
+def load_pretrained(path: str | Path, **kwargs: Any) -> PreTrainedModel:
+    """Load any method's model: the class is the one its method registered (``core.registry.MODELS``)."""
+    from core.registry import MODELS
+
+    ckpt, cls = method_entry(path, MODELS, "model class")
+    return cls.from_pretrained(ckpt, **kwargs)
