@@ -82,6 +82,9 @@ OnError = Literal["raise", "skip"]
 def read_image(path: str | os.PathLike, flags: int = cv2.IMREAD_UNCHANGED) -> np.ndarray:
     """Read an image file as stored (RGB order for colour, any bit depth; EXR as float32).
 
+    For images users hand to a command (any mode / depth -> (H, W, 3) uint8 as a viewer shows it), use
+    ``core.data.imread.read_image``, which decodes through this one when Pillow cannot.
+
     Raises:
         DataError: The file is missing or cannot be decoded.
     """

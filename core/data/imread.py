@@ -99,22 +99,13 @@ def _from_pillow(im) -> np.ndarray:
 
 
 def _from_opencv(path: Path, alpha: bool) -> np.ndarray:
-    """Decode with OpenCV: RGB(A) order, bit depth kept; with ``alpha=False`` the EXIF orientation is applied
-    by OpenCV and alpha dropped."""
+    """Decode with OpenCV (``core.data.images.read_image``: RGB(A) order, bit depth kept); with ``alpha=False``
+    the EXIF orientation is applied by OpenCV and alpha dropped."""
     import cv2
 
-    flags = cv2.IMREAD_UNCHANGED if alpha else cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
-    try:
-        arr = cv2.imread(str(path), flags)
-    except cv2.error as e:
-        raise DataError(path, f"cannot decode image ({str(e).strip().splitlines()[-1]})") from None
-    if arr is None:
-        raise DataError(path, "cannot decode image (corrupt or unsupported format)")
-    if arr.ndim == 3 and arr.shape[2] == 3:
-        arr = arr[..., ::-1]
-    elif arr.ndim == 3 and arr.shape[2] == 4:
-        arr = arr[..., [2, 1, 0, 3]]
-    return arr
+    from core.data.images import read_image as read_as_stored
+
+    return read_as_stored(path, cv2.IMREAD_UNCHANGED if alpha else cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR)
 
 
 def _to_rgb8(arr: np.ndarray, path: Path) -> np.ndarray:

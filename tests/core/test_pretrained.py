@@ -127,7 +127,9 @@ def test_from_pretrained_never_reads_the_training_state(tmp_path):
     ckpt = resolve_checkpoint(run)
     (ckpt / "training_state.safetensors").write_bytes(b"corrupt")  # a loader that touched it would fail
     (ckpt / "training_state.json").write_text("{not json")
-    ToyPretrained.from_pretrained(run)
+    loaded = ToyPretrained.from_pretrained(run)
+    ema = load_weights(ckpt / EMA_FILE)
+    assert all(torch.equal(v, ema[k]) for k, v in loaded.state_dict().items())
 
 
 def test_from_pretrained_casts_dtype(tmp_path):
