@@ -1,0 +1,103 @@
+"""Image auto-encoders for latent diffusion: a diffusers ``AutoencoderKL`` built from sizes or a local folder,
+weight loading from a diffusers folder or a project checkpoint, and a training wrapper for the core Trainer.
+
+At tiny scale nothing pretrained is installed (no SD / TAESD VAE, see ENV.md), so methods train the VAE here
+as stage 1 (``AutoencoderTrainer``); at paper scale ``path`` points at a real diffusers VAE folder and the
+same class loads it. Latents are normalised by the caller with per-channel statistics measured on data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.errors import CheckpointError
+
+__all__ = ["AutoencoderTrainer", "build_autoencoder_kl", "load_autoencoder_weights", "to_signed_unit"]
+
+_DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+
+
+def to_signed_unit(x: torch.Tensor) -> torch.Tensor:
+    """uint8 [0, 255] (or float [0, 1]) images -> float32 in [-1, 1]."""
+    x = x.float()
+    return x / 127.5 - 1.0 if not torch.is_floating_point(x) or x.max() > 1.5 else x * 2 - 1
+
+
+def build_autoencoder_kl(block_out_channels: Sequence[int] = (32, 64, 64), latent_channels: int = 4,
+                         layers_per_block: int = 1, norm_num_groups: int = 8, sample_size: int = 32,
+                         path: str | Path | None = None) -> nn.Module:
+    """A diffusers ``AutoencoderKL`` (downsampling ``2 ** (len(block_out_channels) - 1)``).
+
+    With ``path`` a diffusers VAE folder (``config.json`` of an ``AutoencoderKL``), its architecture is used
+    instead of the sizes (weights are loaded separately by ``load_autoencoder_weights``).
+    """
+    from diffusers import AutoencoderKL
+
+    if path is not None and (Path(path) / "config.json").is_file():
+        cfg = dict(AutoencoderKL.load_config(str(path)))
+        if cfg.get("_class_name", "AutoencoderKL") == "AutoencoderKL" and "latent_channels" in cfg:
+            return AutoencoderKL.from_config(cfg)
+    n = len(block_out_channels)
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
+                         up_block_types=("UpDecoderBlock2D",) * n, block_out_channels=tuple(block_out_channels),
+                         layers_per_block=layers_per_block, latent_channels=latent_channels,
+                         norm_num_groups=norm_num_groups, sample_size=sample_size)
+
+
+def load_autoencoder_weights(vae: nn.Module, path: str | Path, prefix: str = "vae.") -> None:
+    """Load ``vae`` from a diffusers folder (``diffusion_pytorch_model.safetensors``) or from a project
+    checkpoint / run directory whose ``model.safetensors`` holds ``<prefix>*`` keys (e.g. a stage-1 run)."""
+    from core.checkpoint import load_weights, resolve_checkpoint
+
+    path = Path(path)
+    for name in _DIFFUSERS_WEIGHTS:
+        f = path / name
+        if f.is_file() and not (path / "training_state.json").exists():
+            sd = load_weights(f)
+            if not any(k.startswith(prefix) for k in sd):
+                _load_strict(vae, sd, f)
+                return
+    ckpt = resolve_checkpoint(path)
+    sd = load_weights(ckpt / "model.safetensors")
+    sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    if not sub:
+        raise CheckpointError(f"{ckpt}: holds no {prefix}* weights")
+    _load_strict(vae, sub, ckpt)
+
+
+def _load_strict(vae: nn.Module, sd: dict[str, torch.Tensor], src: Any) -> None:
+    try:
+        missing, unexpected = vae.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
+        raise CheckpointError(f"{src}: VAE weights do not match ({first})") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{src}: VAE weights do not match ({len(missing)} missing, e.g. {missing[:2]}; "
+                              f"{len(unexpected)} unexpected, e.g. {unexpected[:2]})")
+
+
+class AutoencoderTrainer(nn.Module):
+    """Stage 1: ``vae`` trained as an auto-encoder (L1 + ``kl_weight`` x KL) on the images under ``key``.
+
+    ``batch[key]`` is (B, ..., 3, H, W) uint8 or float; leading dims (e.g. frames) are flattened. The weights
+    are saved under ``vae.*`` so ``load_autoencoder_weights(run_dir)`` reads them back.
+    """
+
+    def __init__(self, vae: nn.Module, key: str = "video", kl_weight: float = 1e-6):
+        super().__init__()
+        self.vae, self.key, self.kl_weight = vae, key, kl_weight
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        x = batch[self.key]
+        x = to_signed_unit(x.reshape(-1, *x.shape[-3:]))
+        post = self.vae.encode(x).latent_dist
+        z = post.sample()
+        rec = self.vae.decode(z).sample.float()
+        loss_rec = (rec - x).abs().mean()
+        kl = post.kl().mean() / z[0].numel()
+        return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
