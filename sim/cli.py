@@ -51,6 +51,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=int, default=None, help="image side in pixels (kind's default if unset)")
+    p.add_argument("--frames", type=int, default=None, help="videos only: frames per clip (default 16)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     p.set_defaults(func=cmd_make_dataset)
 
@@ -163,6 +164,13 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     """Dispatch to ``sim.render.<kind>.make_dataset(out, n, seed, size)``."""
     if args.n < 1:
         raise ConfigError(f"--n: must be >= 1, got {args.n}")
+    extra = {}
+    if args.frames is not None:
+        if args.kind != "videos":
+            raise ConfigError(f"--frames: only for make-dataset videos, not {args.kind}")
+        if args.frames < 1:
+            raise ConfigError(f"--frames: must be >= 1, got {args.frames}")
+        extra["frames"] = args.frames
     try:
         module = importlib.import_module(f"sim.render.{args.kind}")
     except ModuleNotFoundError as e:
@@ -172,6 +180,6 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     from core.outputs import claim_output
 
     with claim_output(args.out, command=f"sim make-dataset {args.kind}", overwrite=args.overwrite) as out:
-        module.make_dataset(out, args.n, seed=args.seed, size=args.size)
+        module.make_dataset(out, args.n, seed=args.seed, size=args.size, **extra)
     print(f"{args.kind}: {args.n} samples -> {args.out}")
     return 0

@@ -323,6 +323,20 @@ class VideoClipDataset(Dataset):
         """Frames of one clip: (T, H, W, 3) uint8."""
         return np.ascontiguousarray(self._clip_chw(video_index, start).transpose(0, 2, 3, 1))
 
+    @property
+    def clip_index(self) -> np.ndarray:
+        """(len, 2) int64: ``(video_index, start)`` of every clip."""
+        return self._index
+
+    def source_frames(self, video_index: int) -> np.ndarray:
+        """Every frame of one source (after ``size``), for pre-encoding whole videos: (N, 3, H, W) uint8."""
+        cached = self._cached.get(video_index)
+        if cached is not None:
+            return cached
+        src, (n, fps), hw = self.sources[video_index], self._meta[video_index], self._sizes[video_index]
+        frames = self._decode(src, self._frames.get(video_index), fps, hw, 0, n, 1)
+        return np.ascontiguousarray(frames.transpose(0, 3, 1, 2))
+
     def _clip_chw(self, video_index: int, start: int) -> np.ndarray:
         span = (self.clip_len - 1) * self.stride + 1
         cached = self._cached.get(video_index)

@@ -216,7 +216,8 @@ def simulate_clip(
 
 
 def make_dataset(
-    out: Path, n: int, seed: int = 0, size: int | None = None, spp: int = 32, test_fraction: float = 0.2
+    out: Path, n: int, seed: int = 0, size: int | None = None, spp: int = 32, test_fraction: float = 0.2,
+    frames: int = FRAMES,
 ) -> dict:
     """Simulate and render ``n`` clips (scenes cycle through ``SCENES``) into ``out``.
 
@@ -227,12 +228,15 @@ def make_dataset(
         size: square frame size in pixels, even (default ``DEFAULT_SIZE``).
         spp: offscreen multisampling samples, capped at ``MAX_MSAA`` (MuJoCo rasterises; no path tracing).
         test_fraction: share of clips (the last ones) that go to ``test``.
+        frames: frames per clip (at ``FPS``); long clips are what video models' drift is measured on.
 
     Returns:
         Summary dict: root, n, splits, size, frames, fps, seconds, and "meta".
     """
     dataset_io.check_make_args(n, seed, size, spp, test_fraction)
     size = DEFAULT_SIZE if size is None else size
+    if frames < 1:
+        raise ConfigError(f"frames: must be >= 1, got {frames}")
     if size % 2:
         raise ConfigError(f"size: H.264 (yuv420p) needs an even frame size, got {size}")
     out = Path(out)
@@ -242,7 +246,7 @@ def make_dataset(
     clips = {}
     for split, sid, index in dataset_io.split_ids(n, test_fraction):
         scene = SCENES[index % len(SCENES)]
-        video, qpos = simulate_clip(scene, dataset_io.view_rng(seed, index), size, FRAMES, FPS, msaa)
+        video, qpos = simulate_clip(scene, dataset_io.view_rng(seed, index), size, frames, FPS, msaa)
         write_mp4(out / split / "video" / f"{sid}.mp4", video, fps=FPS, crf=CRF)
         with atomic_path(out / split / "qpos" / f"{sid}.npy") as tmp, open(tmp, "wb") as f:
             np.save(f, qpos)
@@ -251,7 +255,7 @@ def make_dataset(
             "split": split,
             "id": sid,
             "scene": scene,
-            "frames": FRAMES,
+            "frames": frames,
             "nq": qpos.shape[1],
         }
     meta = {
@@ -262,7 +266,7 @@ def make_dataset(
         "splits": counts,
         "width": size,
         "height": size,
-        "frames": FRAMES,
+        "frames": frames,
         "fps": FPS,
         "codec": f"h264 yuv420p crf {CRF}",
         "msaa": msaa,
@@ -274,7 +278,7 @@ def make_dataset(
         "n": n,
         "splits": counts,
         "size": size,
-        "frames": FRAMES,
+        "frames": frames,
         "fps": FPS,
         "seconds": time.perf_counter() - t0,
         "meta": meta,
