@@ -56,3 +56,10 @@ def test_sim_list_describes_every_family(capsys):
     by_id = {r[0]: r for r in rows}
     assert by_id["embodied/Drive-Highway-v0"][2:] == ["ego_car", "highway", "2"]
     assert by_id["embodied/Libero-spatial-0-v0"][2] == "Panda" and by_id["embodied/Libero-spatial-0-v0"][-1] == "7"
+
+
+def test_make_dataset_frames_flag_is_for_videos_only():
+    with pytest.raises(ConfigError, match="--frames: only for make-dataset videos"):
+        _run(["make-dataset", "normals", "--n", "1", "--frames", "4", "--out", "/tmp/unused"])
+    with pytest.raises(ConfigError, match="--frames: must be >= 1"):
+        _run(["make-dataset", "videos", "--n", "1", "--frames", "0", "--out", "/tmp/unused"])

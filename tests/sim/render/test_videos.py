@@ -58,3 +58,12 @@ def test_bad_arguments(tmp_path):
         V.make_dataset(tmp_path, n=1, size=33)
     with pytest.raises(ConfigError, match="scene"):
         V.scene_xml("juggling", np.random.default_rng(0))
+
+
+def test_frames_sets_the_clip_length_and_is_checked(tmp_path):
+    V.make_dataset(tmp_path / "long", n=1, seed=0, size=16, test_fraction=0.0, frames=5)
+    meta = json.loads((tmp_path / "long" / "meta.json").read_text())
+    assert meta["frames"] == 5 and next(iter(meta["clips"].values()))["frames"] == 5
+    assert _frames(next((tmp_path / "long").rglob("*.mp4"))).shape == (5, 16, 16, 3)
+    with pytest.raises(ConfigError, match="frames"):
+        V.make_dataset(tmp_path / "none", n=1, frames=0)
