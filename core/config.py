@@ -231,6 +231,7 @@ class EvalConfig:
     checkpoint: str | None = None
     baselines: list[str] = field(default_factory=list)
     video: bool = False
+    use_ema: bool | None = None  # None: the EMA weights when the checkpoint has them; False: the raw weights
 
 
 @dataclass

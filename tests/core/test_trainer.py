@@ -225,3 +225,18 @@ def test_a_finished_run_started_again_reports_its_checkpoint(tmp_path):
     again = run_toy_training(tmp_path)
     assert again["step"] == 12 and again["checkpoint"] == first["checkpoint"]
     assert again["metrics"]["loss"] == pytest.approx(first["metrics"]["loss"])
+
+
+def test_ema_warms_up_so_a_short_run_forgets_its_initial_weights():
+    from core.trainer import EMA
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    ema = EMA(model, 0.999)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    for step in range(1, 1501):
+        ema.update(model, step)
+    # (1 + n) / (10 + n) warm-up: the initial 0 keeps prod(decay_t) ~ 1e-4 of the weight, not 0.999^1500 = 22 %
+    assert float(ema.module.weight) > 0.99
+    assert ema.decay_at(1) == 0.1 and ema.decay_at(10**6) == 0.999
