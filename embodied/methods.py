@@ -27,10 +27,6 @@ PLANNED: dict[str, tuple[str, str]] = {
 PLANNED_INFER: dict[str, tuple[str, str, list[tuple[str, dict]]]] = {
     "forensics": ("deepvrm", "real / generated verdict, probability and reason per image, one JSON line each "
                   "(Deep-VRM)", [("inputs", dict(nargs="+", metavar="IMAGE"))]),
-    "video": ("flexforcing", "generate a video (Flex-Forcing)",
-              [("--out", dict(required=True, metavar="FILE.mp4")),
-               ("--mode", dict(choices=["bidirectional", "autoregressive", "flex"], default="flex")),
-               ("--frames", dict(type=int, default=16))]),
     "i2v": ("tagrpo", "image-to-video (TAGRPO-tuned video model)",
             [("image", dict(metavar="IMAGE")), ("--out", dict(required=True, metavar="FILE.mp4"))]),
 }

@@ -23,9 +23,10 @@ _DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors"
 
 
 def to_signed_unit(x: torch.Tensor) -> torch.Tensor:
-    """uint8 [0, 255] (or float [0, 1]) images -> float32 in [-1, 1]."""
-    x = x.float()
-    return x / 127.5 - 1.0 if not torch.is_floating_point(x) or x.max() > 1.5 else x * 2 - 1
+    """Integer [0, 255] images (uint8) -> float32 in [-1, 1]; float images are taken to be in [0, 1]."""
+    if not torch.is_floating_point(x):
+        return x.float() / 127.5 - 1.0
+    return x.float() * 2 - 1
 
 
 def build_autoencoder_kl(block_out_channels: Sequence[int] = (32, 64, 64), latent_channels: int = 4,
@@ -84,19 +85,23 @@ def _load_strict(vae: nn.Module, sd: dict[str, torch.Tensor], src: Any) -> None:
 class AutoencoderTrainer(nn.Module):
     """Stage 1: ``vae`` trained as an auto-encoder (L1 + ``kl_weight`` x KL) on the images under ``key``.
 
+    ``sample_posterior=False`` decodes the posterior mean (a deterministic auto-encoder; the KL term then only
+    keeps the latents small): at tiny scale and few steps it reconstructs far better than decoding samples,
+    whose noise (std 1 until the encoder learns to shrink it) the decoder must first learn to ignore.
+
     ``batch[key]`` is (B, ..., 3, H, W) uint8 or float; leading dims (e.g. frames) are flattened. The weights
     are saved under ``vae.*`` so ``load_autoencoder_weights(run_dir)`` reads them back.
     """
 
-    def __init__(self, vae: nn.Module, key: str = "video", kl_weight: float = 1e-6):
+    def __init__(self, vae: nn.Module, key: str = "video", kl_weight: float = 1e-6, sample_posterior: bool = True):
         super().__init__()
-        self.vae, self.key, self.kl_weight = vae, key, kl_weight
+        self.vae, self.key, self.kl_weight, self.sample_posterior = vae, key, kl_weight, sample_posterior
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         x = batch[self.key]
         x = to_signed_unit(x.reshape(-1, *x.shape[-3:]))
         post = self.vae.encode(x).latent_dist
-        z = post.sample()
+        z = post.sample() if self.sample_posterior else post.mode()
         rec = self.vae.decode(z).sample.float()
         loss_rec = (rec - x).abs().mean()
         kl = post.kl().mean() / z[0].numel()

@@ -1,0 +1,83 @@
+"""``embodied infer video --out FILE.mp4 [--mode bidirectional|autoregressive|flex] [--frames N]
+[--first-frame IMAGE]``: generate a video with Flex-Forcing.
+
+The model continues given frames: ``--first-frame`` (any image, resized to the model's frame size) or, without
+it, the first frame of the shipped model's sample scene (a held-out simulator clip bundled in the checkpoint
+folder as ``sample_first_frame.png``). ``--frames`` counts the output frames, the first included; videos longer
+than the training length are generated in windows (see ``perception.video.sampling``). The mp4 is written
+atomically (temp file + rename): a failed run leaves no partial file. The checkpoint is the shipped one
+(``assets/checkpoints/flexforcing``) unless ``--checkpoint`` names another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import ConfigError, DataError
+from core.resources import asset
+
+DEFAULT_CHECKPOINT = asset("checkpoints", "flexforcing")
+SAMPLE_FRAME = "sample_first_frame.png"
+FPS = 15
+
+
+def read_first_frame(path: str | Path, size: int) -> np.ndarray:
+    """An image file -> (size, size, 3) uint8 RGB (centre-cropped to a square, area-resized)."""
+    import cv2
+
+    from core.data.imread import read_image
+
+    img = read_image(Path(path))
+    h, w = img.shape[:2]
+    s = min(h, w)
+    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    return cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
+
+
+def infer(args) -> int:
+    """Generate ``args.frames`` frames in ``args.mode`` and write them to ``args.out`` (mp4)."""
+    import torch
+
+    from core.data.video import write_mp4
+    from perception.video.modeling_flexforcing import FlexForcingModel
+    from perception.video.sampling import generate, supported_regimes
+
+    out = Path(args.out)
+    if out.suffix.lower() != ".mp4":
+        raise ConfigError(f"--out: expected a .mp4 file, got {out}")
+    if out.exists() and not getattr(args, "overwrite", False):
+        raise ConfigError(f"--out: {out} exists; pass --overwrite to replace it")
+    if args.frames is None or args.frames < 2:
+        raise ConfigError(f"--frames: must be >= 2 (the first frame plus at least one new one), got {args.frames}")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
+    ckpt = Path(args.checkpoint or DEFAULT_CHECKPOINT)
+    first_path = Path(args.first_frame) if args.first_frame else None
+    if first_path is not None and not first_path.is_file():
+        raise DataError(first_path, "no such file")
+    model = FlexForcingModel.from_pretrained(ckpt).eval()
+    if args.mode not in supported_regimes(model):
+        raise ConfigError(f"--mode {args.mode}: this checkpoint (chunking={model.config.chunking}) runs only "
+                          f"{', '.join(supported_regimes(model))}")
+    size = model.config.frame_size
+    if first_path is None:
+        sample = Path(model.loaded_from["path"]) / SAMPLE_FRAME
+        if not sample.is_file():
+            sample = ckpt / SAMPLE_FRAME
+        if not sample.is_file():
+            raise DataError(ckpt, f"has no {SAMPLE_FRAME}; pass --first-frame IMAGE")
+        first_path = sample
+    first = read_first_frame(first_path, size)
+    video = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None, None]
+    z = model.encode(video)
+    g = torch.Generator().manual_seed(args.seed)
+    gen = generate(model, z, args.frames - 1, args.mode, steps=args.steps, generator=g)
+    frames = model.decode(gen.latents)[0].permute(0, 2, 3, 1).numpy()
+    frames[0] = first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_mp4(out, frames, fps=FPS)
+    print(f"{args.mode}: {args.frames} frames ({size} px) in {gen.seconds:.2f} s, first new frame after "
+          f"{gen.first_frame_s:.2f} s -> {out}")
+    return 0

@@ -1,0 +1,192 @@
+"""The paper's comparison in miniature: Flex-Forcing in three regimes against the rigid-schedule baselines.
+
+``python -m perception.video.experiments --out outputs/flex_exp [--seeds 0 1] [--steps 2500]``
+
+Same data, budget and harness for every arm: the three models are trained by the project's own command
+(``embodied train flexforcing``, ``model=flexforcing`` / ``flexforcing_bidirectional`` /
+``flexforcing_autoregressive``) on the same rendered clips for the same number of steps and batch size, on every
+training seed; all share one VAE trained first (stage 1 of ``perception.video.task`` on the same clips, into
+``<out>/vae``, passed as ``model.vae_path``), so the latents are identical.
+Each run is evaluated by ``embodied eval flexforcing`` on the same held-out clips (data.test_seed) with the same
+sampling noise. Runs already finished are not trained again (the trainer resumes / reports a finished run).
+
+Writes ``<out>/comparison.json`` (rows: Flex-Forcing per regime, bidirectional-only, AR-only; seed means and
+per-seed values) and, with ``--ship DIR``, the comparison plus side-by-side videos of every arm on three held-out
+clips into ``DIR`` (``assets/samples/flexforcing`` for the demo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ARMS = {"flex": "flexforcing", "bidirectional_only": "flexforcing_bidirectional",
+        "autoregressive_only": "flexforcing_autoregressive"}
+METRICS = ("psnr", "ssim", "fd", "flicker", "fps", "first_frame_s")
+
+
+def _run(argv: list[str]) -> None:
+    print("+", " ".join(argv), flush=True)
+    subprocess.run(argv, check=True)
+
+
+def ensure_vae(out: Path, extra: list[str]) -> Path:
+    """The shared VAE: stage 1 of the Flex-Forcing task on the experiment's training clips, once."""
+    vae = out / "vae"
+    if (vae / "checkpoints").is_dir():
+        return vae
+    from core.config import compose, to_container, to_object
+    from perception.video.modeling_flexforcing import FlexForcingModel
+    from perception.video.task import build_dataset, pretrain_vae
+
+    cfg = compose(["experiment=flexforcing", *extra])
+    model_cfg, data, trainer_cfg = to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
+    pretrain_vae(FlexForcingModel(model_cfg), build_dataset(data, model_cfg.num_frames), trainer_cfg, model_cfg,
+                 vae, to_container(cfg))
+    return vae
+
+
+def train_and_eval(out: Path, seeds: list[int], steps: int, extra: list[str]) -> dict[str, dict[int, Path]]:
+    exe = [sys.executable, "-m", "embodied.cli"]
+    runs: dict[str, dict[int, Path]] = {arm: {} for arm in ARMS}
+    vae = ensure_vae(out, extra)
+    for seed in seeds:
+        for arm, model in ARMS.items():
+            run = out / (f"flex_s{seed}" if arm == "flex" else f"{arm}_s{seed}")
+            args = [f"model={model}", f"out_dir={run}", f"trainer.max_steps={steps}", f"trainer.seed={seed}",
+                    "trainer.progress=false", f"model.vae_path={vae}", *extra]
+            if not (run / "eval.json").is_file():
+                _run([*exe, "train", "flexforcing", *args])
+                _run([*exe, "eval", "flexforcing", *args])
+            runs[arm][seed] = run
+    return runs
+
+
+def summarise(runs: dict[str, dict[int, Path]]) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for arm, by_seed in runs.items():
+        evals = {s: json.loads((r / "eval.json").read_text()) for s, r in by_seed.items()}
+        regimes = next(iter(evals.values()))["regimes"]
+        for regime in regimes:
+            name = f"Flex-Forcing ({regime})" if arm == "flex" else {"bidirectional_only": "bidirectional-only",
+                                                                     "autoregressive_only": "AR-only"}[arm]
+            per_seed = {s: e["regimes"][regime]["mean"] for s, e in evals.items()}
+            vals = list(per_seed.values())
+            row = {k: sum(v[k] for v in vals) / len(vals) for k in METRICS}
+            row["drift"] = {m: {k: sum(v["drift"][m][k] for v in vals) / len(vals) for k in ("psnr", "fd")}
+                            for m in vals[0]["drift"]}
+            row["psnr_per_frame"] = [round(sum(c) / len(c), 3) for c in zip(*(v["psnr_per_frame"] for v in vals),
+                                                                           strict=True)]
+            row["per_seed"] = {str(s): {k: v[k] for k in METRICS} | {"drift": v["drift"]} for s, v in per_seed.items()}
+            rows[name] = row
+    first = json.loads(next(iter(next(iter(runs.values())).values())).joinpath("eval.json").read_text())
+    return {"rows": rows, "context": first["context"], "train_frames": first["train_frames"],
+            "eval_frames": first["eval_frames"], "clips": first["clips"], "seeds": sorted(next(iter(runs.values())))}
+
+
+def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips: int = 3) -> list[str]:
+    """Side-by-side mp4s (ground truth | model) of each arm's seed-``seed`` model on the first held-out clips."""
+    import numpy as np
+    import torch
+
+    from core.config import compose, to_object
+    from core.data.video import write_mp4
+    from perception.video.modeling_flexforcing import FlexForcingModel
+    from perception.video.sampling import generate, supported_regimes
+    from perception.video.task import build_dataset
+
+    data = to_object(compose(["experiment=flexforcing"]).data)
+    ds = build_dataset(data, data.eval_frames, "test", step=10**9)
+    video = torch.stack([ds[i]["video"] for i in range(n_clips)])
+    names = []
+    for arm, by_seed in runs.items():
+        model = FlexForcingModel.from_pretrained(by_seed[seed], use_ema=False).eval()  # see the experiment config
+        for regime in supported_regimes(model):
+            if regime == "chunked":
+                continue
+            g = generate(model, model.encode(video[:, :data.context]), data.eval_frames - data.context, regime,
+                         generator=torch.Generator().manual_seed(0))
+            frames = model.decode(g.latents)
+            frames[:, :data.context] = video[:, :data.context]
+            both = torch.cat([video, frames], dim=-1)  # (N, T, 3, H, 2W): truth | model
+            grid = both.permute(1, 0, 3, 4, 2).reshape(both.shape[1], -1, both.shape[-1], 3).numpy()
+            grid = np.repeat(np.repeat(grid, 3, axis=1), 3, axis=2)
+            name = f"{arm}_{regime}.mp4" if arm == "flex" else f"{arm}.mp4"
+            write_mp4(ship / name, grid, fps=15)
+            names.append(name)
+    return names
+
+
+def export_checkpoint(run: Path, dest: Path, summary: dict[str, Any], steps: int, seed: int) -> Path:
+    """The seed's Flex-Forcing model (raw weights, see the experiment config) as a shipped folder with its card
+    and a sample first frame."""
+    import dataclasses
+
+    import cv2
+
+    from core.config import compose, to_object
+    from perception.video.cli import SAMPLE_FRAME
+    from perception.video.modeling_flexforcing import FlexForcingModel
+    from perception.video.task import build_dataset
+
+    model = FlexForcingModel.from_pretrained(run, use_ema=False)
+    model.config = dataclasses.replace(model.config, vae_path=None)  # the VAE's weights are in the folder
+    data = to_object(compose(["experiment=flexforcing"]).data)
+    first = build_dataset(data, 1, "test", step=10**9)[0]["video"][0].permute(1, 2, 0).numpy()
+    metrics = {name.split("(")[1].rstrip(")"): {k: round(float(r[k]), 3) for k in ("psnr", "ssim", "fd", "flicker")}
+               for name, r in summary["rows"].items() if name.startswith("Flex-Forcing")}
+    card = {
+        "training_domain": "simulated motion clips (sim.render.videos: falling objects, double pendulum, 3-link arm), "
+                           "32 x 32 px, 15 fps; not real video",
+        "data": f"sim.render.videos.make_dataset(n={data.render_n}, seed={data.render_seed}, size={data.size}, "
+                f"frames={data.render_frames}); windows of 8 frames",
+        "command": f"embodied train flexforcing trainer.max_steps={steps} trainer.seed={seed} "
+                   "model.vae_path=<shared VAE> (python -m perception.video.experiments)",
+        "metrics": {**metrics, "split": f"{summary['clips']} held-out clips (seed {data.test_seed}), continuation of "
+                                        f"{summary['context']} frames, first training window, seed-mean"},
+    }
+    out = model.save_pretrained(dest, card=card, body="Flex-Forcing at workspace scale: see perception/video/README.md.")
+    cv2.imwrite(str(out / SAMPLE_FRAME), first[..., ::-1])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("outputs/flex_exp"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--ship", type=Path, default=None, help="copy the comparison and videos here (for the demo)")
+    p.add_argument("--export", type=Path, default=None, help="export the first seed's Flex-Forcing model here")
+    p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
+    args = p.parse_args(argv)
+    runs = train_and_eval(args.out, args.seeds, args.steps, args.overrides)
+    summary = summarise(runs)
+    summary["command"] = f"python -m perception.video.experiments --seeds {' '.join(map(str, args.seeds))} " \
+                         f"--steps {args.steps}"
+    from core.io import write_json
+
+    write_json(args.out / "comparison.json", summary)
+    if args.ship:
+        args.ship.mkdir(parents=True, exist_ok=True)
+        summary["videos"] = ship_videos(runs, args.ship, args.seeds[0])
+        summary["note"] = ("Every model trained by `embodied train flexforcing` for the same steps on the same clips "
+                           "and VAE; scored by `embodied eval flexforcing` on the same held-out clips; means over "
+                           "training seeds. Videos: seed-0 models, ground truth left, model right.")
+        for row in summary["rows"].values():
+            row.pop("per_seed", None)
+        write_json(args.ship / "comparison.json", summary)
+    if args.export:
+        export_checkpoint(runs["flex"][args.seeds[0]], args.export, summary, args.steps, args.seeds[0])
+    for name, row in summary["rows"].items():
+        print(f"{name:32s} PSNR {row['psnr']:.2f} SSIM {row['ssim']:.3f} FD {row['fd']:.1f} flicker "
+              f"{row['flicker']:.4f} FD4x {row['drift'].get('4x', {}).get('fd', float('nan')):.1f} FD8x "
+              f"{row['drift'].get('8x', {}).get('fd', float('nan')):.1f} fps {row['fps']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""Registers Flex-Forcing (named in pyproject's ``embodied.methods`` entry points)."""
+
+from core.registry import InferSpec, register_method
+
+register_method(
+    "flexforcing",
+    folder="perception/video",
+    description="one video diffusion transformer for bidirectional, autoregressive and flexible chunked generation",
+    task="perception.video.task",
+    config="perception.video.configuration_flexforcing",
+    model="perception.video.modeling_flexforcing:FlexForcingModel",
+    demo="perception.video.demo:demo_section",
+    infer=[InferSpec(
+        "video", "perception.video.cli:infer",
+        "generate a video (Flex-Forcing): continue a first frame / the shipped model's sample scene",
+        (("--out", dict(required=True, metavar="FILE.mp4", help="output mp4")),
+         ("--mode", dict(choices=["bidirectional", "autoregressive", "flex"], default="flex",
+                         help="sampling regime (default flex)")),
+         ("--frames", dict(type=int, default=32, help="frames in the output video, first frame included")),
+         ("--first-frame", dict(default=None, metavar="IMAGE", help="condition on this image (resized)")),
+         ("--seed", dict(type=int, default=0, help="noise seed")),
+         ("--steps", dict(type=int, default=None, help="Euler steps per frame (default: the model's)"))),
+    )],
+)

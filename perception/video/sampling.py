@@ -1,0 +1,249 @@
+"""Sampling Flex-Forcing in every regime from the same weights.
+
+All regimes continue ``K`` given clean latent frames (the context; a first frame for image-to-video) to
+``K + num_new`` frames with Euler steps of the flow-matching ODE (``core.diffusion``), and all generate videos
+longer than the training length ``T`` the same way: in windows, conditioning on the newest frames.
+
+- ``bidirectional``: each window of ``T - Kc`` new frames is one chunk, denoised jointly for ``steps`` steps
+  while attending to the ``Kc`` context frames held in a KV cache (for a model trained with one chunk and full
+  attention, ``chunking=one``, the context frames sit *inline* in the chunk at t = 0 instead).
+- ``autoregressive``: singleton chunks. Each frame is denoised for ``steps`` steps attending to the cache; then
+  one pass at t = 0 writes its clean keys / values to the cache, which rolls to the newest ``T - 1`` frames
+  (rotary positions make attention depend on offsets only, so absolute indices may grow without bound).
+- ``chunked``: the same with chunks of ``chunk`` frames (block autoregression); ``order`` generates the chunks
+  of a window in any order (positions stay the frames' time indices; the cache holds them in generation order).
+- ``flex``: pyramid timestep chunking per window: step ``s`` uses partition level ``level_of_step(s)`` of
+  ``pyramid_schedule(T - Kc, levels)``; inside a step the chunks run in order with a per-step KV cache (equal
+  to one chunk-causal masked pass over the window, ``flex_reference``), traversed depth first so the first
+  chunk of the finest level is final long before the window is — streaming with a global plan.
+
+``generate`` returns the latents and timing: ``first_frame_s`` (time to the first new frame being final) and
+``seconds``; ``forward_passes`` counts DiT calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from core.diffusion import euler_step, timestep_grid
+from core.layers.kv_cache import KVCache
+from perception.video.chunking import chunk_ids, level_of_step, pyramid_schedule
+
+__all__ = ["Generation", "fill_cache", "flex_reference", "generate", "supported_regimes"]
+
+
+@dataclass
+class Generation:
+    latents: torch.Tensor  # (B, K + num_new, C, h, w)
+    seconds: float = 0.0
+    first_frame_s: float = float("nan")
+    forward_passes: int = 0
+    windows: list[tuple[int, int]] = field(default_factory=list)
+
+
+def supported_regimes(model) -> tuple[str, ...]:
+    """The regimes a model was trained for: all for Flex-Forcing, one for each rigid baseline."""
+    if model.config.chunking == "one":
+        return ("bidirectional",)
+    if model.config.chunking == "singletons":
+        return ("autoregressive",)
+    return ("bidirectional", "autoregressive", "chunked", "flex")
+
+
+def _tokens(model, frames: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = (h // model.dit.patch) * (w // model.dit.patch)
+    return frames.repeat_interleave(n), model.dit.positions(frames, h, w)
+
+
+def fill_cache(model, cache: KVCache, latents: torch.Tensor, frames: torch.Tensor) -> None:
+    """Run clean ``latents`` (B, n, C, h, w) at t = 0 as one chunk after the cache; append their keys / values."""
+    b, n, _, h, w = latents.shape
+    t = torch.zeros(b, n, device=latents.device)
+    _, kv = model.dit(latents, t, frames, None, caches=[cache], return_kv=True)
+    tf, pos = _tokens(model, frames, h, w)
+    cache.extend([k for k, _ in kv], [v for _, v in kv], tf, pos)
+
+
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.device, self.t0, self.first = device, time.perf_counter(), None
+
+    def frame_done(self) -> None:
+        if self.first is None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.first = time.perf_counter() - self.t0
+
+
+def _denoise(model, x: torch.Tensor, frames: torch.Tensor, caches: list[KVCache], grid: torch.Tensor,
+             fixed: int = 0) -> tuple[torch.Tensor, int]:
+    """Euler over ``grid`` for all frames of ``x`` as one chunk; the first ``fixed`` frames stay clean (t = 0)."""
+    b, n = x.shape[:2]
+    hold = torch.zeros(n, dtype=torch.bool, device=x.device)
+    hold[:fixed] = True
+    for i in range(len(grid) - 1):
+        t = torch.where(hold, 0.0, grid[i]).expand(b, n)
+        t_next = torch.where(hold, 0.0, grid[i + 1]).expand(b, n)
+        v = model.dit(x, t, frames, None, caches=caches)
+        x = euler_step(x, v, t, t_next)
+    return x, len(grid) - 1
+
+
+def _pyramid_window(model, x: torch.Tensor, frames: torch.Tensor, ctx: KVCache, grid: torch.Tensor, levels: int,
+                    clock: _Clock) -> tuple[torch.Tensor, int]:
+    """Depth-first pyramid denoising of one window (see the module docstring)."""
+    b, n = x.shape[:2]
+    steps = len(grid) - 1
+    parts = pyramid_schedule(n, levels)
+    caches = [KVCache(len(model.dit.blocks)) for _ in range(steps)]
+    starts = [[0] + torch.cumsum(torch.tensor(p), 0).tolist() for p in parts]
+    x = x.clone()
+    passes = 0
+
+    def run(a: int, e: int, i: int) -> None:
+        nonlocal passes
+        t = grid[i].expand(b, e - a)
+        v, kv = model.dit(x[:, a:e], t, frames[a:e], None, caches=[ctx, caches[i]], return_kv=True)
+        passes += 1
+        h, w = x.shape[-2:]
+        tf, pos = _tokens(model, frames[a:e], h, w)
+        caches[i].extend([k for k, _ in kv], [vv for _, vv in kv], tf, pos)
+        x[:, a:e] = euler_step(x[:, a:e], v, t, grid[i + 1].expand(b, e - a))
+        if i + 1 == steps:
+            clock.frame_done()
+            return
+        cuts = starts[level_of_step(i + 1, steps, levels)]
+        inner = [c for c in cuts if a < c < e]
+        for a2, e2 in zip([a, *inner], [*inner, e], strict=True):
+            run(a2, e2, i + 1)
+
+    run(0, n, 0)
+    run = None  # noqa: F841 -- break the closure's self-reference: the step caches go now, not at the next GC
+    return x, passes
+
+
+@torch.no_grad()
+def flex_reference(model, x: torch.Tensor, frames: torch.Tensor, ctx: KVCache, grid: torch.Tensor,
+                   levels: int) -> torch.Tensor:
+    """The flex window computed breadth first: one chunk-causal masked forward pass over the window per step.
+
+    Equal (up to float error) to the depth-first cached traversal ``generate`` uses; tests compare the two.
+    """
+    b, n = x.shape[:2]
+    steps = len(grid) - 1
+    parts = pyramid_schedule(n, levels)
+    for i in range(steps):
+        chunks = chunk_ids(parts[level_of_step(i, steps, levels)], device=x.device)
+        t, t_next = grid[i].expand(b, n), grid[i + 1].expand(b, n)
+        v = model.dit(x, t, frames, chunks if chunks.max() > 0 else None, caches=[ctx])
+        x = euler_step(x, v, t, t_next)
+    return x
+
+
+@torch.no_grad()
+def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", steps: int | None = None,
+             shift: float | None = None, chunk: int = 2, order: list[int] | None = None, levels: int | None = None,
+             generator: torch.Generator | None = None,
+             on_window: Callable[[int, int], None] | None = None) -> Generation:
+    """Continue ``context`` (B, K, C, h, w) normalised latents by ``num_new`` frames in ``regime``.
+
+    Args:
+        model: A ``FlexForcingModel`` (eval mode).
+        context: Given clean frames (K >= 1; a single first frame for image-to-video).
+        num_new: Frames to generate (may be many times the training length).
+        regime: ``bidirectional`` | ``autoregressive`` | ``chunked`` | ``flex`` (see the module docstring).
+        steps / shift: Euler steps and grid shift (default: the model config's).
+        chunk: Chunk size of ``chunked``.
+        order: ``chunked`` / ``autoregressive`` only: the order in which the chunks of the first window are
+            generated (a permutation of ``range(number of chunks)``); default left to right.
+        levels: Pyramid levels of ``flex`` (default the config's).
+        generator: Seeds the initial noise.
+        on_window: Called with (first, end) frame indices each time frames become final.
+    """
+    cfg = model.config
+    if regime not in supported_regimes(model):
+        raise ValueError(f"regime {regime!r}: this model was trained with chunking={cfg.chunking!r} and runs "
+                         f"{', '.join(supported_regimes(model))}")
+    if context.ndim != 5 or context.shape[1] < 1:
+        raise ValueError(f"context must be (B, K >= 1, C, h, w) latents, got {tuple(context.shape)}")
+    if num_new < 1:
+        raise ValueError(f"num_new must be >= 1, got {num_new}")
+    steps = steps or cfg.sample_steps
+    levels = levels or cfg.pyramid_levels
+    device = context.device
+    grid = timestep_grid(steps, shift if shift is not None else cfg.sample_shift, device=device)
+    b, k0 = context.shape[:2]
+    shape = context.shape[2:]
+    t_len = cfg.num_frames
+    kc = max(1, min(k0, cfg.max_context or 1, t_len - 1))
+    out = torch.cat([context, torch.empty(b, num_new, *shape, device=device, dtype=context.dtype)], 1)
+    gen = Generation(out)
+    clock = _Clock(device)
+    noise = torch.randn(b, num_new, *shape, generator=generator, device="cpu").to(device, context.dtype)
+    depth = len(model.dit.blocks)
+    done = k0
+
+    def emit(a: int, e: int) -> None:
+        clock.frame_done()
+        gen.windows.append((a, e))
+        if on_window is not None:
+            on_window(a, e)
+
+    if regime in ("autoregressive", "chunked"):
+        size = 1 if regime == "autoregressive" else max(1, min(chunk, t_len - 1))
+        cache = KVCache(depth)
+        hist = min(k0, t_len - size)
+        fill_cache(model, cache, out[:, k0 - hist:k0], torch.arange(k0 - hist, k0, device=device))
+        gen.forward_passes += 1
+        first = True
+        while done < k0 + num_new:
+            n = min(t_len - size, k0 + num_new - done)  # frames of this window (several chunks)
+            n = max(n, 1)
+            bounds = list(range(done, done + n, size)) + [done + n]
+            pieces = list(zip(bounds[:-1], bounds[1:], strict=True))
+            if order is not None and first:
+                if sorted(order) != list(range(len(pieces))):
+                    raise ValueError(f"order must permute range({len(pieces)}), got {order}")
+                pieces = [pieces[i] for i in order]
+            for a, e in pieces:
+                x, p = _denoise(model, noise[:, a - k0:e - k0], torch.arange(a, e, device=device), [cache], grid)
+                out[:, a:e] = x
+                fill_cache(model, cache, x, torch.arange(a, e, device=device))
+                gen.forward_passes += p + 1
+                cache.roll(t_len - size)
+                emit(a, e)
+            done += n
+            first = False
+    else:
+        inline = cfg.chunking == "one"
+        while done < k0 + num_new:
+            n = min(t_len - kc, k0 + num_new - done)
+            a, e = done, done + n
+            ctx_frames = torch.arange(a - kc, a, device=device)
+            x = noise[:, a - k0:e - k0]
+            if inline:
+                xin = torch.cat([out[:, a - kc:a], x], 1)
+                y, p = _denoise(model, xin, torch.arange(a - kc, e, device=device), [], grid, fixed=kc)
+                out[:, a:e] = y[:, kc:]
+            else:
+                ctx = KVCache(depth)
+                fill_cache(model, ctx, out[:, a - kc:a], ctx_frames)
+                gen.forward_passes += 1
+                if regime == "bidirectional":
+                    y, p = _denoise(model, x, torch.arange(a, e, device=device), [ctx], grid)
+                else:
+                    y, p = _pyramid_window(model, x, torch.arange(a, e, device=device), ctx, grid, levels, clock)
+                out[:, a:e] = y
+            gen.forward_passes += p
+            emit(a, e)
+            done = e
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    gen.seconds = time.perf_counter() - clock.t0
+    gen.first_frame_s = clock.first if clock.first is not None else float("nan")
+    gen.latents = out
+    return gen
