@@ -1,9 +1,13 @@
 """Shared neural-network layers: attention (self / cross, ``F.scaled_dot_product_attention``), MLP,
-pre-norm transformer blocks, and LoRA adapters (Hugging Face ``peft``, imported on first use). Every layer
-takes ``device`` / ``dtype`` (timm habit)."""
+pre-norm transformer blocks, LoRA adapters (Hugging Face ``peft``, imported on first use), diffusion-transformer
+pieces (``dit``: adaLN-Zero block with per-token conditioning, rotary positions, timestep embedder), a rolling
+``KVCache`` and AutoencoderKL helpers (``vae``, diffusers imported on first use). Every layer takes ``device`` /
+``dtype`` (timm habit)."""
 
 from core.layers.attention import Attention
 from core.layers.blocks import TransformerBlock
+from core.layers.dit import DiTBlock, FinalLayer, RotaryEmbedding, TimestepEmbedder
+from core.layers.kv_cache import KVCache
 from core.layers.lora import (
     convert_legacy_lora_checkpoint,
     convert_legacy_lora_keys,
@@ -21,6 +25,11 @@ from core.layers.mlp import Mlp
 
 __all__ = [
     "Attention",
+    "DiTBlock",
+    "FinalLayer",
+    "KVCache",
+    "RotaryEmbedding",
+    "TimestepEmbedder",
     "Mlp",
     "TransformerBlock",
     "convert_legacy_lora_checkpoint",
