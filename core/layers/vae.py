@@ -31,7 +31,7 @@ def to_signed_unit(x: torch.Tensor) -> torch.Tensor:
 
 def build_autoencoder_kl(block_out_channels: Sequence[int] = (32, 64, 64), latent_channels: int = 4,
                          layers_per_block: int = 1, norm_num_groups: int = 8, sample_size: int = 32,
-                         path: str | Path | None = None) -> nn.Module:
+                         path: str | Path | None = None, scaling_factor: float = 0.18215) -> nn.Module:
     """A diffusers ``AutoencoderKL`` (downsampling ``2 ** (len(block_out_channels) - 1)``).
 
     With ``path`` a diffusers VAE folder (``config.json`` of an ``AutoencoderKL``), its architecture is used
@@ -47,39 +47,47 @@ def build_autoencoder_kl(block_out_channels: Sequence[int] = (32, 64, 64), laten
     return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
                          up_block_types=("UpDecoderBlock2D",) * n, block_out_channels=tuple(block_out_channels),
                          layers_per_block=layers_per_block, latent_channels=latent_channels,
-                         norm_num_groups=norm_num_groups, sample_size=sample_size)
+                         norm_num_groups=norm_num_groups, sample_size=sample_size, scaling_factor=scaling_factor)
 
 
-def load_autoencoder_weights(vae: nn.Module, path: str | Path, prefix: str = "vae.") -> None:
-    """Load ``vae`` from a diffusers folder (``diffusion_pytorch_model.safetensors``) or from a project
-    checkpoint / run directory whose ``model.safetensors`` holds ``<prefix>*`` keys (e.g. a stage-1 run)."""
-    from core.checkpoint import load_weights, resolve_checkpoint
+def load_autoencoder_weights(vae: nn.Module, path: str | Path, prefix: str = "vae.") -> float | None:
+    """Load ``vae`` from a diffusers folder (``config.json`` + ``diffusion_pytorch_model.safetensors``) or from
+    a project checkpoint / run directory whose ``model.safetensors`` holds ``<prefix>*`` keys (a stage-1 run, or
+    a whole model that contains the VAE). Every key and shape must match (``CheckpointError`` names them).
+
+    Returns:
+        The latent scale the source states: a diffusers folder's ``scaling_factor``; a checkpoint's scalar
+        ``latent_std`` buffer (as ``1 / latent_std``) or ``latent_scale``; None when it states none.
+    """
+    import json
+
+    from core.checkpoint import load_into, load_weights, resolve_checkpoint
 
     path = Path(path)
-    for name in _DIFFUSERS_WEIGHTS:
-        f = path / name
-        if f.is_file() and not (path / "training_state.json").exists():
-            sd = load_weights(f)
-            if not any(k.startswith(prefix) for k in sd):
-                _load_strict(vae, sd, f)
-                return
+    if (path / "config.json").is_file() and not (path / "training_state.json").exists():
+        for name in _DIFFUSERS_WEIGHTS:
+            f = path / name
+            if f.is_file() and not any(k.startswith(prefix) for k in _keys(f)):
+                load_into(vae, load_weights(f), str(f))
+                return float(json.loads((path / "config.json").read_text()).get("scaling_factor", 0.18215))
     ckpt = resolve_checkpoint(path)
     sd = load_weights(ckpt / "model.safetensors")
     sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     if not sub:
         raise CheckpointError(f"{ckpt}: holds no {prefix}* weights")
-    _load_strict(vae, sub, ckpt)
+    load_into(vae, sub, str(ckpt))
+    if "latent_std" in sd and sd["latent_std"].numel() == 1:
+        return float(1.0 / sd["latent_std"].clamp_min(1e-6))
+    if "latent_scale" in sd and sd["latent_scale"].numel() == 1:
+        return float(sd["latent_scale"])
+    return None
 
 
-def _load_strict(vae: nn.Module, sd: dict[str, torch.Tensor], src: Any) -> None:
-    try:
-        missing, unexpected = vae.load_state_dict(sd, strict=False)
-    except RuntimeError as e:  # shape mismatches
-        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
-        raise CheckpointError(f"{src}: VAE weights do not match ({first})") from None
-    if missing or unexpected:
-        raise CheckpointError(f"{src}: VAE weights do not match ({len(missing)} missing, e.g. {missing[:2]}; "
-                              f"{len(unexpected)} unexpected, e.g. {unexpected[:2]})")
+def _keys(file: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        return set(f.keys())
 
 
 class AutoencoderTrainer(nn.Module):

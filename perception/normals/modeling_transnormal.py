@@ -23,7 +23,6 @@ multi-step baseline (RGB latent concatenated to a noisy normal latent, v-predict
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from torch import nn
 
 from core.checkpoint import load_into, load_weights
 from core.errors import CheckpointError
+from core.layers.vae import build_autoencoder_kl, load_autoencoder_weights
 from core.logging import get_logger
 from core.pretrained import PreTrainedModel
 from perception.normals.configuration_transnormal import TransNormalConfig
@@ -128,61 +128,18 @@ def build_unet(config: TransNormalConfig):
 
 
 def build_vae(config: TransNormalConfig):
-    """The VAE from ``config`` sizes (weights loaded later by ``load_vae``)."""
-    from diffusers import AutoencoderKL
-
-    if config.vae_path is not None and (Path(config.vae_path) / "config.json").is_file():
-        cfg = dict(AutoencoderKL.load_config(config.vae_path))
-        if cfg.get("_class_name", "AutoencoderKL") == "AutoencoderKL" and "latent_channels" in cfg:
-            return AutoencoderKL.from_config(cfg)
-    n = len(config.vae_block_out_channels)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=tuple(config.vae_block_out_channels),
-        layers_per_block=config.vae_layers_per_block,
-        latent_channels=config.latent_channels,
-        norm_num_groups=config.vae_norm_num_groups,
-        sample_size=config.image_size,
-        scaling_factor=config.scaling_factor,
-    )
+    """The VAE from ``config`` sizes, or the architecture of a diffusers folder ``config.vae_path`` (weights are
+    loaded by ``load_vae``); ``core.layers.vae.build_autoencoder_kl``."""
+    return build_autoencoder_kl(config.vae_block_out_channels, config.latent_channels, config.vae_layers_per_block,
+                                config.vae_norm_num_groups, config.image_size, config.vae_path,
+                                scaling_factor=config.scaling_factor)
 
 
 def load_vae(vae: nn.Module, path: str | Path) -> float | None:
-    """Load VAE weights from a diffusers folder or a project checkpoint directory (``vae.*`` keys).
-
-    Returns the latent scale the source states (diffusers ``scaling_factor``; the VAE stage's measured
-    ``1 / latent_std``), or None.
-    """
-    from core.checkpoint import resolve_checkpoint
-
-    path = Path(path)
-    if (path / "config.json").is_file() and any((path / n).is_file() for n in _DIFFUSERS_WEIGHTS) and not (
-        path / "training_state.json"
-    ).exists() and "vae.encoder.conv_in.weight" not in _peek_keys(_diffusers_weights(path)):
-        src = _diffusers_weights(path)
-        _check_report(load_into(vae, load_weights(src), str(src), strict=False), str(src))
-        return float(json.loads((path / "config.json").read_text()).get("scaling_factor", 0.18215))
-    ckpt = resolve_checkpoint(path)
-    sd = load_weights(ckpt / "model.safetensors")
-    sub = {k[len("vae."):]: v for k, v in sd.items() if k.startswith("vae.")}
-    if not sub:
-        raise CheckpointError(f"{ckpt}: holds no vae.* weights")
-    _check_report(load_into(vae, sub, str(ckpt), strict=False), str(ckpt))
-    if "latent_std" in sd:
-        return float(1.0 / sd["latent_std"].clamp_min(1e-6))
-    if "latent_scale" in sd:
-        return float(sd["latent_scale"])
-    return None
-
-
-def _peek_keys(file: Path) -> set[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(file), "pt") as f:
-        return set(f.keys())
+    """Load VAE weights from a diffusers folder or a project checkpoint directory (``vae.*`` keys); returns the
+    latent scale the source states (diffusers ``scaling_factor``; the VAE stage's measured ``1 / latent_std``),
+    or None. ``core.layers.vae.load_autoencoder_weights``."""
+    return load_autoencoder_weights(vae, path)
 
 
 def build_dino(config: TransNormalConfig) -> nn.Module:
