@@ -38,7 +38,7 @@ from core.layers.dit import DiTBlock, FinalLayer, RotaryEmbedding, TimestepEmbed
 from core.layers.kv_cache import KVCache
 from core.layers.vae import build_autoencoder_kl, to_signed_unit
 from core.pretrained import PreTrainedModel
-from perception.video.chunking import chunk_ids, random_partition
+from perception.video.chunking import chunk_ids, chunk_mask, random_partition
 from perception.video.configuration_flexforcing import FlexForcingConfig
 
 __all__ = ["FlexForcingModel", "VideoDiT"]
@@ -149,41 +149,34 @@ class VideoDiT(nn.Module):
             for cid in uniq:
                 sel = torch.ones(f, dtype=torch.bool, device=x.device) if chunks is None else chunks.to(x.device) == cid
                 chunk_emb[cid] = self.t_embedder(t[:, sel].mean(1))
+        # Everything that does not depend on the layer is built once here, not in every block's attention.
+        m = sum(cc.num_tokens for cc in ctx)
+        rope_k = (torch.cat([rope_ctx[0], rope_new[0]]), torch.cat([rope_ctx[1], rope_new[1]])) if ctx else rope_new
+        mask = None  # (N, M + N) bool: cached tokens visible to all, chunk-causal among the new ones
+        if tok_chunks is not None and len(uniq) > 1:
+            mask = chunk_mask(tok_chunks)
+            if m:
+                mask = torch.cat([mask.new_ones(mask.shape[0], m), mask], 1)
+        rows = {cid: slice(None) if tok_chunks is None else tok_chunks == cid for cid in uniq}
+        earlier = {cid: None if tok_chunks is None else (tok_chunks < cid)[None, None, :, None] for cid in uniq}
         kv_out: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def attend_for(layer: int):
             def attend(q, k, v):
                 kv_out.append((k, v))
                 ck = torch.cat([cc.keys[layer] for cc in ctx], 2) if ctx else None
-                cv = torch.cat([cc.values[layer] for cc in ctx], 2) if ctx else None
-                rope_k = (torch.cat([rope_ctx[0], rope_new[0]]), torch.cat([rope_ctx[1], rope_new[1]])) if ctx \
-                    else rope_new
-                vals = torch.cat([cv, v], 2) if ctx else v
-                m = 0 if ck is None else ck.shape[2]
+                vals = torch.cat([cc.values[layer] for cc in ctx] + [v], 2) if ctx else v
                 if not chunk_emb:
                     keys = torch.cat([ck, k], 2) if ctx else k
-                    mask = None
-                    if tok_chunks is not None and len(uniq) > 1:
-                        mask = tok_chunks[None, :] <= tok_chunks[:, None]
-                        if m:
-                            mask = torch.cat([mask.new_ones(mask.shape[0], m), mask], 1)
                     return rope_attention(q, keys, vals, rope_new, rope_k, mask)
                 out = torch.empty_like(q)
                 for cid in uniq:
                     params = self._kproj_params(chunk_emb[cid], layer)
-                    rows = torch.ones(q.shape[2], dtype=torch.bool, device=q.device) if tok_chunks is None \
-                        else tok_chunks == cid
-                    if tok_chunks is None:
-                        kk, mask = k, None
-                    else:
-                        earlier = (tok_chunks < cid)[None, None, :, None]
-                        kk = torch.where(earlier, self.project_keys(k, params), k)
-                        mask = (tok_chunks <= cid)[None, :].expand(int(rows.sum()), -1)
-                        if m:
-                            mask = torch.cat([mask.new_ones(mask.shape[0], m), mask], 1)
+                    r = rows[cid]
+                    kk = k if earlier[cid] is None else torch.where(earlier[cid], self.project_keys(k, params), k)
                     keys = torch.cat([self.project_keys(ck, params), kk], 2) if ctx else kk
-                    rq = (rope_new[0][rows], rope_new[1][rows])
-                    out[:, :, rows] = rope_attention(q[:, :, rows], keys, vals, rq, rope_k, mask)
+                    out[:, :, r] = rope_attention(q[:, :, r], keys, vals, (rope_new[0][r], rope_new[1][r]), rope_k,
+                                                  None if mask is None else mask[r])
                 return out
             return attend
 
