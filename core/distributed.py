@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -39,6 +40,10 @@ def init_distributed(device: torch.device) -> DistInfo:
         return DistInfo()
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend)
+    # Tear the group down before interpreter shutdown: left to static destructors, gloo's worker threads
+    # are destroyed while still joinable and the process aborts ("terminate called without an active
+    # exception", SIGABRT) after training has already succeeded.
+    atexit.register(cleanup)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
 
 
