@@ -39,16 +39,21 @@ class OutputError(EmbodiedError):
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def _lock(path: Path, wait: float = 0.0) -> Iterator[None]:
     lock = path.parent / f".{path.name}.lock"
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    deadline = time.monotonic() + wait
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise OutputError(f"{path}: another process is writing this folder right now") from None
-            raise
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise OutputError(f"{path}: another process is writing this folder right now") from None
+                time.sleep(0.5)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
@@ -59,14 +64,18 @@ def _lock(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lock_folder(path: str | Path) -> Iterator[Path]:
+def lock_folder(path: str | Path, wait: float = 0.0) -> Iterator[Path]:
     """Hold ``path``'s writer lock without claiming it (``embodied eval`` adds its report to a training folder:
-    it must not run while that folder is being trained, and two evaluations must not interleave)."""
+    it must not run while that folder is being trained, and two evaluations must not interleave).
+
+    ``wait``: seconds to wait for another holder to finish (a shared input that the first of several runs
+    builds, e.g. a rendered dataset or a pretrained base) before refusing; 0 refuses at once.
+    """
     path = Path(path).absolute()
     if path.exists() and not path.is_dir():
         raise OutputError(f"{path}: exists and is a file; expected a run folder")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(path):
+    with _lock(path, wait):
         yield path
 
 

@@ -93,19 +93,24 @@ def _inside(name: str, prefixes: Sequence[str] | None) -> bool:
     return prefixes is None or any(p == "" or name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def lora_config(targets: Iterable[str], rank: int = 4, alpha: float | None = None, dropout: float = 0.0):
-    """The ``peft.LoraConfig`` of an adapter on the linears named ``targets`` (alpha defaults to ``rank``)."""
+def lora_config(targets: Iterable[str], rank: int = 4, alpha: float | None = None, dropout: float = 0.0,
+                use_dora: bool = False):
+    """The ``peft.LoraConfig`` of an adapter on the linears named ``targets`` (alpha defaults to ``rank``).
+
+    ``use_dora``: DoRA (Liu et al., ICML 2024), peft's weight-decomposed LoRA: a trainable per-output magnitude
+    times the direction of ``W + scale * B A`` (``out_features`` more parameters per layer).
+    """
     from peft import LoraConfig
 
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}")
     return LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else rank, lora_dropout=dropout,
-                      target_modules=sorted(targets), bias="none")
+                      target_modules=sorted(targets), bias="none", use_dora=use_dora)
 
 
 def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha: float | None = None,
                 dropout: float = 0.0, within: Sequence[str] | None = None,
-                adapter_name: str = _DEFAULT) -> list[str]:
+                adapter_name: str = _DEFAULT, use_dora: bool = False) -> list[str]:
     """Wrap every matching ``nn.Linear`` inside ``module`` in a peft LoRA layer (in place).
 
     Args:
@@ -116,6 +121,7 @@ def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha:
         dropout: Dropout on the adapter input.
         within: Qualified names of the submodules to search (default: all of ``module``).
         adapter_name: peft's adapter name.
+        use_dora: Wrap in peft's DoRA layers instead (see ``lora_config``).
 
     Returns:
         The qualified names that were wrapped (already-wrapped layers are skipped).
@@ -133,7 +139,7 @@ def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha:
             raise ValueError(f"inject_lora: no nn.Linear in {type(module).__name__} matches {list(targets)}")
         return []
     previous = getattr(module, "peft_config", {}).get(adapter_name)
-    _inject(module, lora_config(new, rank, alpha, dropout), adapter_name)
+    _inject(module, lora_config(new, rank, alpha, dropout, use_dora), adapter_name)
     if previous is not None:  # a second call: the stored config names every wrapped layer
         module.peft_config[adapter_name].target_modules = set(previous.target_modules) | set(new)
     return new
