@@ -244,6 +244,7 @@ class RunConfig:
     model: Any = None
     data: Any = None
     env: Any = None
+    adapter: Any = None  # a parameter-efficient adapter arm (configs/adapter/; FeRA / LoRA / DoRA)
     eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
