@@ -1,0 +1,1 @@
+"""FeRA: frequency-energy routed adapters for fine-tuning diffusion models."""
