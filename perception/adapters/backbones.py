@@ -1,0 +1,328 @@
+"""Small pixel-space flow-matching diffusion models on diffusers backbones: the base models FeRA adapts.
+
+FeRA (frequency-energy routed adapters) fine-tunes a pretrained diffusion model with low-rank experts on its
+attention projections. The experiment needs base models small enough to pretrain here, with the attention
+layout of the real ones, so the two backbones are the diffusers classes themselves at toy width:
+
+- ``kind="unet"``: ``diffusers.UNet2DConditionModel`` (the Stable-Diffusion family). Layout as SD: down
+  blocks ``CrossAttnDownBlock2D`` at every level but the last (``DownBlock2D``), the mirror for the up
+  blocks, and a cross-attention mid block, so attention lives at both resolutions (full resolution in the
+  outer blocks, the lowest in the mid block). ``attention_levels`` moves it (see below).
+- ``kind="dit"``: ``diffusers.DiTTransformer2DModel`` (adaLN-Zero DiT), one class (``num_embeds_ada_norm=1``,
+  label 0 always), ``out_channels = channels`` (no learned-sigma half to slice off).
+
+Both expose ``Attention`` modules with ``to_q`` / ``to_k`` / ``to_v`` / ``to_out.0`` linears, the names
+FeRA's experts attach to.
+
+Conventions and choices:
+
+- Pixel space, no VAE: images are ``(B, C, H, W)`` float in ``[-1, 1]``; ``H = W = image_size``.
+- Flow matching as everywhere in the workspace (:mod:`core.diffusion`): ``x_t = (1 - t) x0 + t eps``, the
+  network predicts ``v = eps - x0``, ``t = 1`` is pure noise, ``t`` in ``[0, 1]``. The backbones were
+  written for DDPM step indices, so they see ``timestep = 1000 t`` (a float; both embed it sinusoidally).
+- The backbone is always called with the noisy image as a keyword (``sample=`` for the UNet,
+  ``hidden_states=`` for the DiT): FeRA's router reads it from a forward pre-hook on ``self.backbone``.
+- Unconditional: the UNet's cross-attention attends to a learned null context of ``context_tokens`` tokens
+  ``(1, T, cross_attention_dim)`` (broadcast to the batch; 4 by default). With a single key token the softmax
+  would be identically 1: ``attn2`` would add the same vector at every pixel and ``attn2.to_q`` / ``to_k`` (and
+  any adapter on them) would get no gradient. With several tokens the pixels attend to a learned memory. The DiT gets class label 0; its label
+  dropout (diffusers' classifier-free-guidance default, 10 %) is switched off, so training draws no extra
+  random numbers and never sees the unused null label.
+- ``attention_head_dim`` is the width of one head for both kinds. (diffusers' UNet argument of that name is,
+  for historical reasons, the number of heads; we pass ``channels // attention_head_dim`` per level.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from core.config import choice
+from core.diffusion import add_noise, euler_step, sample_timesteps, timestep_grid, velocity_target
+from core.errors import ConfigError
+
+__all__ = [
+    "KINDS",
+    "BackboneConfig",
+    "FlowDenoiser",
+    "build_backbone",
+    "heldout_loss_by_level",
+    "sample_images",
+]
+
+KINDS = ("unet", "dit")
+TIMESTEP_SCALE = 1000.0  # the backbones' timestep embeddings expect DDPM-style indices in [0, 1000]
+
+
+@dataclass
+class BackboneConfig:
+    """Size of a pixel-space flow-matching denoiser (see the module docstring for the layout).
+
+    Common: ``kind`` (``"unet"`` or ``"dit"``), square ``image_size`` px, ``channels`` image channels.
+    UNet: one level per ``block_out_channels`` entry (each but the last halves the resolution),
+    ``layers_per_block`` resnets per level, heads of ``attention_head_dim`` channels, a null context of width
+    ``cross_attention_dim``, GroupNorm with ``norm_num_groups`` groups; ``attention_levels`` says which levels'
+    down / up blocks have (self + cross) attention (``None``: every level but the lowest, as Stable Diffusion;
+    the mid block always has it). DiT: ``dit_layers`` blocks of ``dit_heads`` heads of ``dit_head_dim``
+    channels on ``patch_size`` patches.
+    """
+
+    kind: str = "unet"
+    image_size: int = 32
+    channels: int = 3
+    block_out_channels: list[int] = field(default_factory=lambda: [32, 64])
+    layers_per_block: int = 1
+    attention_head_dim: int = 8
+    cross_attention_dim: int = 32
+    context_tokens: int = 4
+    norm_num_groups: int = 8
+    attention_levels: list[bool] | None = None
+    dit_layers: int = 4
+    dit_heads: int = 4
+    dit_head_dim: int = 16
+    patch_size: int = 2
+
+    def __post_init__(self):
+        choice("backbone.kind", self.kind, KINDS)
+        for key in ("image_size", "channels", "layers_per_block", "attention_head_dim", "cross_attention_dim",
+                    "context_tokens", "norm_num_groups", "dit_layers", "dit_heads", "dit_head_dim", "patch_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"backbone.{key} must be an integer >= 1, got {value!r}")
+        if self.kind == "unet":
+            self._check_unet()
+        elif self.image_size % self.patch_size:
+            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of "
+                              f"backbone.patch_size={self.patch_size}")
+
+    def _check_unet(self) -> None:
+        chans = list(self.block_out_channels)
+        if not chans or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chans):
+            raise ConfigError(f"backbone.block_out_channels must be a non-empty list of ints >= 1, got {chans}")
+        for c in chans:
+            if c % self.norm_num_groups or c % self.attention_head_dim:
+                raise ConfigError(f"backbone.block_out_channels entry {c} must be a multiple of "
+                                  f"norm_num_groups={self.norm_num_groups} and "
+                                  f"attention_head_dim={self.attention_head_dim}")
+        factor = 2 ** (len(chans) - 1)
+        if self.image_size % factor:
+            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of {factor} "
+                              f"({len(chans)} UNet levels)")
+        levels = self.attention_levels
+        if levels is not None and len(levels) != len(chans):
+            raise ConfigError(f"backbone.attention_levels needs one entry per block_out_channels level "
+                              f"({len(chans)}), got {len(levels)}")
+
+    @property
+    def unet_attention_levels(self) -> list[bool]:
+        """Per UNet level (outermost first): whether its down / up blocks have attention."""
+        if self.attention_levels is not None:
+            return [bool(a) for a in self.attention_levels]
+        return [i < len(self.block_out_channels) - 1 for i in range(len(self.block_out_channels))]
+
+
+def build_backbone(cfg: BackboneConfig) -> nn.Module:
+    """The diffusers model for ``cfg``: maps ``(B, C, H, W)`` noisy images to ``(B, C, H, W)`` velocities."""
+    if cfg.kind == "unet":
+        from diffusers import UNet2DConditionModel
+
+        attn = cfg.unet_attention_levels
+        down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attn)
+        up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attn))
+        return UNet2DConditionModel(
+            sample_size=cfg.image_size,
+            in_channels=cfg.channels,
+            out_channels=cfg.channels,
+            down_block_types=down,
+            up_block_types=up,
+            block_out_channels=tuple(cfg.block_out_channels),
+            layers_per_block=cfg.layers_per_block,
+            # diffusers' (mis)named argument is the number of heads per level; see the module docstring.
+            attention_head_dim=[c // cfg.attention_head_dim for c in cfg.block_out_channels],
+            cross_attention_dim=cfg.cross_attention_dim,
+            norm_num_groups=cfg.norm_num_groups,
+        )
+    from diffusers import DiTTransformer2DModel
+    from diffusers.models.embeddings import LabelEmbedding
+
+    model = DiTTransformer2DModel(
+        num_attention_heads=cfg.dit_heads,
+        attention_head_dim=cfg.dit_head_dim,
+        in_channels=cfg.channels,
+        out_channels=cfg.channels,
+        num_layers=cfg.dit_layers,
+        sample_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_embeds_ada_norm=1,
+    )
+    for m in model.modules():
+        if isinstance(m, LabelEmbedding):
+            m.dropout_prob = 0.0  # one class, no classifier-free guidance: label 0 always
+    return model
+
+
+def _as_model_images(images: Tensor) -> Tensor:
+    """uint8 ``[0, 255]`` -> float ``[-1, 1]``; float images are returned as they are."""
+    return images.float() / 127.5 - 1.0 if images.dtype == torch.uint8 else images
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+class FlowDenoiser(nn.Module):
+    """Unconditional velocity predictor ``v(x_t, t)`` in pixel space on a diffusers backbone.
+
+    Usable by :class:`core.trainer.Trainer` (``training_step``) for pretraining the base model.
+    """
+
+    def __init__(self, config: BackboneConfig):
+        super().__init__()
+        self.config = config
+        self.backbone = build_backbone(config)
+        if config.kind == "unet":
+            # Learned null context, (1, T, D); expanded to (B, T, D) as encoder_hidden_states.
+            self.context = nn.Parameter(torch.randn(1, config.context_tokens, config.cross_attention_dim))
+
+    def forward(self, x_t: Tensor, t: Tensor | float) -> Tensor:
+        """Predicted velocity ``eps - x0``.
+
+        Args:
+            x_t: Noisy images ``(B, C, H, W)``.
+            t: Noise levels in ``[0, 1]``, ``(B,)`` (or a scalar / float shared by the batch).
+
+        Returns:
+            ``(B, C, H, W)`` velocity, in the backbone's output dtype.
+        """
+        b = x_t.shape[0]
+        t = torch.as_tensor(t, device=x_t.device, dtype=torch.float32)
+        timestep = (t.expand(b) if t.ndim == 0 else t.reshape(b)) * TIMESTEP_SCALE
+        if self.config.kind == "unet":
+            ctx = self.context.expand(b, -1, -1).to(x_t.dtype)
+            return self.backbone(sample=x_t, timestep=timestep, encoder_hidden_states=ctx, return_dict=False)[0]
+        labels = torch.zeros(b, dtype=torch.long, device=x_t.device)
+        return self.backbone(hidden_states=x_t, timestep=timestep, class_labels=labels, return_dict=False)[0]
+
+    def noisy_batch(
+        self, x0: Tensor, generator: torch.Generator | None = None, t: Tensor | float | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """A training triple for clean images ``x0`` ``(B, C, H, W)`` in ``[-1, 1]``.
+
+        Args:
+            x0: Clean images.
+            generator: RNG for ``t`` (when drawn) and the noise; drawn on its device, moved to ``x0``'s.
+            t: Noise levels ``(B,)`` or a float for all; default logit-normal(0, 1) from ``sample_timesteps``.
+
+        Returns:
+            ``(x_t, t, target)``: noisy images, the ``(B,)`` float32 levels, the velocity target ``eps - x0``.
+        """
+        b = x0.shape[0]
+        if t is None:
+            t = sample_timesteps((b,), generator=generator, device=x0.device)
+        else:
+            t = torch.as_tensor(t, dtype=torch.float32, device=x0.device)
+            t = t.expand(b).clone() if t.ndim == 0 else t
+        draw_device = generator.device if generator is not None else x0.device
+        noise = torch.randn(x0.shape, generator=generator, device=draw_device, dtype=x0.dtype).to(x0.device)
+        return add_noise(x0, noise, t), t, velocity_target(x0, noise)
+
+    def training_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``{"loss": MSE(v_pred, eps - x0)}`` for ``batch["image"]`` ``(B, C, H, W)`` in ``[-1, 1]``."""
+        x_t, t, target = self.noisy_batch(batch["image"])
+        pred = self(x_t, t)
+        return {"loss": F.mse_loss(pred.float(), target.float())}
+
+
+@torch.no_grad()
+def heldout_loss_by_level(
+    model: nn.Module,
+    images: Tensor,
+    levels: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
+    seed: int = 0,
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """Velocity MSE at fixed noise levels on held-out images, with fixed noise: comparable across models.
+
+    The noise is one ``(N, C, H, W)`` draw from a CPU ``torch.Generator`` seeded ``seed``, shared by every
+    level and every model evaluated with the same ``seed``, so differences come from the models only.
+
+    Args:
+        model: ``model(x_t, t) -> v`` (a :class:`FlowDenoiser` or anything that wraps one).
+        images: ``(N, C, H, W)`` uint8 in ``[0, 255]`` or float in ``[-1, 1]``.
+        levels: Noise levels ``t`` in ``[0, 1]``.
+        seed: Seed of the noise.
+        batch_size: Images per forward pass.
+
+    Returns:
+        ``{"t0.1": mse, ..., "mean": mean over levels}`` (per-element MSE averaged over all images).
+    """
+    was_training = model.training
+    model.eval()
+    device = _model_device(model)
+    n = images.shape[0]
+    noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    out: dict[str, float] = {}
+    try:
+        for level in levels:
+            total = 0.0
+            for i in range(0, n, batch_size):
+                x0 = _as_model_images(images[i:i + batch_size]).to(device, torch.float32)
+                eps = noise[i:i + batch_size].to(device)
+                t = torch.full((x0.shape[0],), float(level), device=device)
+                pred = model(add_noise(x0, eps, t), t).float()
+                total += float((pred - velocity_target(x0, eps)).pow(2).sum(dtype=torch.float64))
+            out[f"t{level:g}"] = total / max(images.numel(), 1)
+    finally:
+        model.train(was_training)
+    out["mean"] = sum(out.values()) / max(len(out), 1)
+    return out
+
+
+@torch.no_grad()
+def sample_images(
+    model: nn.Module,
+    n: int,
+    steps: int = 20,
+    seed: int = 0,
+    batch_size: int = 64,
+    shift: float = 1.0,
+    shape: tuple[int, int, int] | None = None,
+) -> Tensor:
+    """Generate ``n`` images with the Euler probability-flow ODE from ``t = 1`` (noise) to ``t = 0``.
+
+    Args:
+        model: ``model(x_t, t) -> v``.
+        n: Number of images.
+        steps: Euler steps on ``timestep_grid(steps, shift)``.
+        seed: Seed of the starting noise (a CPU ``torch.Generator``; same seed, same images).
+        batch_size: Images per forward pass.
+        shift: Timestep shift of the grid (``> 1`` spends more steps at high noise).
+        shape: ``(C, H, W)``; default ``(config.channels, config.image_size, config.image_size)`` of the model.
+
+    Returns:
+        ``(n, C, H, W)`` uint8 on the CPU.
+    """
+    if shape is None:
+        cfg = model.config
+        shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    was_training = model.training
+    model.eval()
+    device = _model_device(model)
+    noise = torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    grid = timestep_grid(steps, shift, device=device)
+    chunks = []
+    try:
+        for i in range(0, n, batch_size):
+            x = noise[i:i + batch_size].to(device)
+            for k in range(steps):
+                v = model(x, grid[k].expand(x.shape[0])).float()
+                x = euler_step(x, v, grid[k], grid[k + 1])
+            chunks.append(((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks) if chunks else torch.zeros((0, *shape), dtype=torch.uint8)
