@@ -1,0 +1,132 @@
+"""Configuration of the FeRA experiment (light: no torch import).
+
+Three groups of the config tree:
+
+- ``adapter`` (schema ``adapter_schema``; ``configs/adapter/{fera,fera_norouter,fera_nofecl,lora,dora}.yaml``):
+  which adapter fine-tunes the base model. ``embodied train fera adapter=lora`` picks an arm. A new root group
+  of the tree (``RunConfig.adapter``): any method may adapt a model with it; FeRA's experiment is the first.
+- ``model`` (``fera_model_schema``; ``configs/model/fera_{unet,dit}{,_tiny}.yaml``): the diffusers backbone of
+  the small pixel-space flow-matching model, and how its base is pretrained on the source domain.
+- ``data`` (``fera_data_schema``): source domain (simulator motion-clip frames) and target domain (crops of
+  real videos), few-shot sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import choice, schema
+from core.errors import ConfigError
+
+ATTENTION_PROJECTIONS = ["to_q", "to_k", "to_v", "to_out.0"]
+
+
+@schema("adapter", "adapter_schema")
+@dataclass
+class AdapterConfig:
+    """An adapter arm. FeRA fields are ignored by ``lora`` / ``dora`` (peft), which use ``rank`` as their rank."""
+
+    name: str = "fera"  # the arm's name (fera, fera_norouter, ...): names its output folder
+    kind: str = "fera"  # fera | lora | dora
+    rank: int = 4  # per expert for FeRA; the adapter's rank for LoRA / DoRA
+    alpha: float | None = None  # scale numerator; None -> rank (scale 1)
+    target_modules: list[str] = field(default_factory=lambda: list(ATTENTION_PROJECTIONS))
+    num_experts: int = 3
+    num_bands: int = 3
+    kappa: float | None = None  # None -> min(H, W) / kappa_divisor
+    kappa_divisor: float = 128.0  # the paper's; sub-pixel on a 32 px latent (experiment/fera.yaml sets 32)
+    finest_band: str = "keep"
+    router_hidden: int = 64
+    temperature: float = 0.7
+    routing: str = "soft"  # soft | uniform (ablation: no router)
+    fecl_weight: float = 0.1  # 0: ablation without FECL (and no base pass)
+
+    def __post_init__(self) -> None:
+        choice("adapter.kind", self.kind, ("fera", "lora", "dora"))
+        choice("adapter.routing", self.routing, ("soft", "uniform"))
+        choice("adapter.finest_band", self.finest_band, ("keep", "drop"))
+        if self.rank < 1 or self.num_experts < 1:
+            raise ConfigError(f"adapter.rank and adapter.num_experts must be >= 1, got {self.rank}, "
+                              f"{self.num_experts}")
+        if self.fecl_weight < 0:
+            raise ConfigError(f"adapter.fecl_weight must be >= 0, got {self.fecl_weight}")
+
+    def fera_config(self):
+        """The library's ``FeRAConfig`` (only for ``kind == "fera"``)."""
+        from perception.adapters.fera import FeRAConfig
+
+        return FeRAConfig(target_modules=list(self.target_modules), num_experts=self.num_experts, rank=self.rank,
+                          alpha=self.alpha, num_bands=self.num_bands, kappa=self.kappa,
+                          kappa_divisor=self.kappa_divisor,
+                          finest_band=self.finest_band, router_hidden=self.router_hidden,
+                          temperature=self.temperature, routing=self.routing, fecl_weight=self.fecl_weight)
+
+
+@schema("model", "fera_model_schema")
+@dataclass
+class FeRAModelConfig:
+    """The backbone (``perception.adapters.backbones.BackboneConfig`` fields) and its base pretraining."""
+
+    kind: str = "unet"  # unet | dit
+    image_size: int = 32
+    channels: int = 3
+    block_out_channels: list[int] = field(default_factory=lambda: [32, 64])
+    layers_per_block: int = 1
+    attention_head_dim: int = 8
+    cross_attention_dim: int = 32
+    context_tokens: int = 4
+    norm_num_groups: int = 8
+    attention_levels: list[bool] | None = None  # per UNet level; None: all but the lowest (SD's layout)
+    dit_layers: int = 4
+    dit_heads: int = 4
+    dit_head_dim: int = 16
+    patch_size: int = 2
+    # the base: pretrained on the source domain into base_path when that folder has no checkpoint yet
+    base_path: str = "outputs/fera/base_unet_32"
+    pretrain_steps: int = 1500
+    pretrain_lr: float = 1.0e-3
+    pretrain_batch: int = 32
+    sample_steps: int = 20
+
+    def __post_init__(self) -> None:
+        choice("model.kind", self.kind, ("unet", "dit"))
+        if self.pretrain_steps < 0 or self.sample_steps < 1:
+            raise ConfigError("model.pretrain_steps must be >= 0 and model.sample_steps >= 1")
+
+    def backbone(self):
+        from perception.adapters.backbones import BackboneConfig
+
+        return BackboneConfig(kind=self.kind, image_size=self.image_size, channels=self.channels,
+                              block_out_channels=list(self.block_out_channels),
+                              layers_per_block=self.layers_per_block, attention_head_dim=self.attention_head_dim,
+                              cross_attention_dim=self.cross_attention_dim, context_tokens=self.context_tokens,
+                              norm_num_groups=self.norm_num_groups,
+                              attention_levels=None if self.attention_levels is None else list(self.attention_levels),
+                              dit_layers=self.dit_layers, dit_heads=self.dit_heads, dit_head_dim=self.dit_head_dim,
+                              patch_size=self.patch_size)
+
+
+@schema("data", "fera_data_schema")
+@dataclass
+class FeRADataConfig:
+    """Source: frames of the simulator motion clips (rendered on first use). Target: crops of real videos
+    (``bikes.mp4``, ``vtest.avi``): ``shots`` training crops from their first 60 %, ``test_n`` held-out crops
+    from their last 30 %."""
+
+    source_root: str = "outputs/datasets/fera_source"
+    source_clips: int = 48
+    source_frames: int = 16
+    shots: int = 64
+    test_n: int = 256
+    seed: int = 0
+    flip: bool = True
+    levels: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])
+    eval_every: int = 100  # held-out loss by noise level during training (the curve); 0: only at the end
+    curve_n: int = 128  # held-out crops used for the curve
+    fd_samples: int = 256  # samples drawn for FD at evaluation
+
+    def __post_init__(self) -> None:
+        if self.shots < 1 or self.test_n < 2:
+            raise ConfigError(f"data.shots must be >= 1 and data.test_n >= 2, got {self.shots}, {self.test_n}")
+        if not self.levels or any(not 0 < t <= 1 for t in self.levels):
+            raise ConfigError(f"data.levels must be noise levels in (0, 1], got {self.levels}")

@@ -1,0 +1,125 @@
+"""The FeRA comparison, rerunnable: every arm x seed x backbone (x resolution) through the public CLI.
+
+    python -m perception.adapters.experiments --out outputs/fera_exp --seeds 0 1 --steps 600 \
+        --backbones unet dit --arms fera fera_norouter fera_nofecl lora dora [--size 32] [--jobs 2]
+
+Per backbone: the base is pretrained once on the source domain (``embodied train fera`` does it on first use,
+into ``<out>/base_<kind>_<size>``); then each arm (``adapter=<arm>``) is fine-tuned on the same target shots
+for the same steps with the same trainer settings, one run per seed (``trainer.seed``; the shots and the
+held-out crops are fixed by ``data.seed``), and evaluated by ``embodied eval fera``. Runs go ``--jobs`` at a
+time (one thread each). ``summary.json`` / ``summary.md`` hold the table: trainable parameters, held-out
+loss per noise level and FD-EffNet, mean and spread over seeds, next to the unadapted base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from core.io import read_json, write_json, write_text
+
+ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora")
+
+
+def _cli(args: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        subprocess.run([sys.executable, "-m", "embodied.cli", *args], check=True, env=env, stdout=f,
+                       stderr=subprocess.STDOUT)
+
+
+def run_arm(out: Path, kind: str, size: int, arm: str, seed: int, steps: int, extra: list[str]) -> Path:
+    run_dir = out / f"{kind}{size}" / f"{arm}_s{seed}"
+    base = out / f"base_{kind}_{size}"
+    overrides = [f"model=fera_{kind}", f"model.image_size={size}", f"model.base_path={base}", f"adapter={arm}",
+                 f"trainer.seed={seed}", f"trainer.max_steps={steps}", "trainer.progress=false", f"out_dir={run_dir}",
+                 *extra]
+    if not (run_dir / "eval.json").is_file():
+        _cli(["train", "fera", *overrides], run_dir.with_suffix(".log"))
+        _cli(["eval", "fera", *overrides], run_dir.with_suffix(".log"))
+    return run_dir
+
+
+def collect(out: Path) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    """Every finished run under ``out`` (all backbones and sizes run so far), by (backbone, size, arm)."""
+    results: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for f in sorted(out.glob("*/*_s*/eval.json")):
+        e = read_json(f)
+        results.setdefault((e["backbone"], e["image_size"], e["arm"]), []).append(e)
+    return results
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def summarise(results: dict[tuple[str, int, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for (kind, size, arm), evals in sorted(results.items()):
+        levels = list(evals[0]["heldout_loss"])
+        row = {"backbone": kind, "size": size, "arm": arm, "seeds": len(evals),
+               "trainable_parameters": evals[0]["trainable_parameters"],
+               "fd": _stats([e["fd"] for e in evals]),
+               "loss": {lv: _stats([e["heldout_loss"][lv] for e in evals]) for lv in levels},
+               "base": evals[0]["base"]}
+        if "routing_by_level" in evals[0]:
+            row["routing_by_level"] = evals[0]["routing_by_level"]
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    levels = list(rows[0]["loss"])
+    head = ["backbone", "arm", "params", *[f"loss {lv}" for lv in levels], "FD"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    seen_base = set()
+    for r in rows:
+        key = (r["backbone"], r["size"])
+        if key not in seen_base:
+            seen_base.add(key)
+            b = r["base"]
+            lines.append("| " + " | ".join([f"{r['backbone']}{r['size']}", "base (no adapter)", "0",
+                                            *[f"{b['heldout_loss'][lv]:.4f}" for lv in levels],
+                                            f"{b['fd']:.1f}"]) + " |")
+        cells = [f"{r['backbone']}{r['size']}", r["arm"], str(r["trainable_parameters"]),
+                 *[f"{r['loss'][lv]['mean']:.4f} ± {r['loss'][lv]['sd']:.4f}" for lv in levels],
+                 f"{r['fd']['mean']:.1f} ± {r['fd']['sd']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="outputs/fera_exp")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--backbones", nargs="+", default=["unet", "dit"], choices=["unet", "dit"])
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    for kind in args.backbones:
+        # the base first (one run pretrains it; the arms then share it)
+        first = run_arm(out, kind, args.size, args.arms[0], args.seeds[0], args.steps, args.extra)
+        jobs = [(kind, args.size, arm, s) for arm in args.arms for s in args.seeds]
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            dirs = list(pool.map(lambda j: run_arm(out, *j, args.steps, args.extra), jobs))
+        assert first in dirs
+        rows = summarise(collect(out))
+        write_json(out / "summary.json", rows)
+        write_text(out / "summary.md", markdown(rows))
+    print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
