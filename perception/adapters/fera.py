@@ -8,7 +8,8 @@ What is injected:
   base linear plus ``E`` rank-``r`` LoRA experts, ``y = W x + scale * sum_e r_e B_e A_e x``; ``A_e`` is
   Kaiming-uniform, ``B_e`` zero, so the adapted model equals the base exactly at init;
 - one ``FeRARouter`` at ``model.fera_router``: a forward pre-hook on ``model`` reads the latent (keyword
-  ``sample`` / ``hidden_states`` / ``x``, else the first positional argument), computes its band energies
+  ``sample`` / ``hidden_states`` / ``x``, else the first positional argument; a video latent ``(N, T, C, H, W)``
+  is routed on its frames' mean band energies), computes its band energies
   (``perception.adapters.frequency``) and the routing weights ``softmax(MLP(e) / T)`` once per forward; every
   adapted layer of that forward reads the same ``(N, E)`` weights. ``routing="uniform"`` (the "no router"
   ablation) uses ``1 / E`` for every expert and builds no MLP.
@@ -133,15 +134,18 @@ class FeRARouter(nn.Module):
         self.calls = 0  # how many times routing weights were computed (tests count one per forward)
 
     def route(self, latent: torch.Tensor) -> torch.Tensor:
-        """``(N, E)`` routing weights for a latent ``(N, C, H, W)``."""
+        """``(N, E)`` routing weights for a latent ``(N, C, H, W)`` (or a video latent ``(N, T, C, H, W)``: the
+        band energies of its frames are averaged, one routing per video)."""
         self.calls += 1
         n, e = latent.shape[0], self.config.num_experts
         if self.fixed is not None:
             return self.fixed.to(latent.device, latent.dtype).expand(n, e)
         if self.mlp is None:
             return latent.new_full((n, e), 1.0 / e)
-        energies = band_energies(latent.detach(), self.config.num_bands, self.config.kappa,
-                                 self.config.finest_band, kappa_divisor=self.config.kappa_divisor)
+        frames = latent.detach().flatten(0, 1) if latent.dim() == 5 else latent.detach()  # video: per frame
+        energies = band_energies(frames, self.config.num_bands, self.config.kappa, self.config.finest_band,
+                                 kappa_divisor=self.config.kappa_divisor)
+        energies = energies.view(n, -1, energies.shape[-1]).mean(1)  # a video's frames share one routing
         logits = self.mlp(energies.to(self.mlp[0].weight.dtype))
         return torch.softmax(logits / self.config.temperature, dim=-1).to(latent.dtype)
 
@@ -153,9 +157,9 @@ class FeRARouter(nn.Module):
                       None)
         if latent is None:
             latent = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if latent is None or latent.dim() != 4:
-            raise ValueError(f"FeRA router: no (N, C, H, W) latent among the keywords {self.config.latent_keys}"
-                             " or the first positional argument of the adapted model's forward")
+        if latent is None or latent.dim() not in (4, 5):
+            raise ValueError(f"FeRA router: no (N, C, H, W) or (N, T, C, H, W) latent among the keywords "
+                             f"{self.config.latent_keys} or the first positional argument of the adapted model")
         self.weights = self.route(latent)
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:

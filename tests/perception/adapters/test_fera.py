@@ -228,3 +228,22 @@ def test_config_errors():
         apply_fera(model, FeRAConfig(**CFG))
     assert isinstance(model.get_submodule("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"),
                       FeRALinear)
+
+
+def test_video_dit_of_flexforcing_is_adapted_by_name_pattern():
+    """Generality: the workspace's video DiT (5-D latents, fused qkv) takes the same library (a test may use
+    two methods; the library itself imports none)."""
+    from perception.video.modeling_flexforcing import VideoDiT
+
+    torch.manual_seed(0)
+    dit = VideoDiT(in_channels=4, patch=2, dim=32, depth=2, num_heads=2).eval()
+    x, t, frames = torch.randn(2, 4, 4, 8, 8), torch.rand(2, 4), torch.arange(4)
+    with torch.no_grad():
+        for p in dit.parameters():  # past adaLN-Zero's zero gates (a trained model's state)
+            p.add_(torch.randn_like(p) * 0.05)
+        ref = dit(x, t, frames)
+        apply_fera(dit, FeRAConfig(target_modules=["qkv", "proj"], num_bands=3, kappa=1.0))
+        assert torch.equal(dit(x, t, frames), ref)
+        randomise(dit)
+        assert not torch.equal(dit(x, t, frames), ref)
+    assert router_of(dit).calls == 2 and len(dict(fera_layers(dit))) == 4
