@@ -113,7 +113,7 @@ class FeRADataConfig:
     (``bikes.mp4``, ``vtest.avi``): ``shots`` training crops from their first 60 %, ``test_n`` held-out crops
     from their last 30 %."""
 
-    source_root: str = "outputs/datasets/fera_source"
+    source_root: str = "outputs/datasets/fera_source_32px"
     source_clips: int = 48
     source_frames: int = 16
     shots: int = 64

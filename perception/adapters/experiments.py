@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
+    p.add_argument("--ship", default=None, metavar="DIR",
+                   help="copy the first backbone's base, its seed-0 fera and lora adapters and the table here")
     args = p.parse_args(argv)
     out = Path(args.out)
     for kind in args.backbones:
@@ -117,8 +119,32 @@ def main(argv: list[str] | None = None) -> int:
         rows = summarise(collect(out))
         write_json(out / "summary.json", rows)
         write_text(out / "summary.md", markdown(rows))
+    if args.ship:
+        ship(out, Path(args.ship), args.backbones[0], args.size, args.seeds[0])
     print((out / "summary.md").read_text())
     return 0
+
+
+def ship(out: Path, dest: Path, kind: str, size: int, seed: int) -> None:
+    """What the demo loads: ``model.json``, ``base/model.safetensors``, ``fera/`` and ``lora/`` adapter folders,
+    ``comparison.md`` (the summary table)."""
+    import shutil
+
+    from core import checkpoint as ckpt
+    from core.io import atomic_dir
+
+    runs = out / f"{kind}{size}"
+    cfg = read_json(runs / f"fera_s{seed}" / "config.json")
+    with atomic_dir(dest) as tmp:
+        tmp = Path(tmp)
+        model = dict(cfg["model"], base_path="(shipped: base/)")
+        write_json(tmp / "model.json", model)
+        latest = ckpt.latest_checkpoint(out / f"base_{kind}_{size}" / "checkpoints")
+        (tmp / "base").mkdir()
+        shutil.copy2(latest / ckpt.MODEL_FILE, tmp / "base" / "model.safetensors")
+        for arm in ("fera", "lora"):
+            shutil.copytree(runs / f"{arm}_s{seed}" / "adapter", tmp / arm)
+        shutil.copy2(out / "summary.md", tmp / "comparison.md")
 
 
 if __name__ == "__main__":
