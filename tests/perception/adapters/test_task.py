@@ -138,3 +138,15 @@ def test_experiment_summary_aggregates_seeds(tmp_path):
     assert fera["loss"]["t0.1"]["sd"] == pytest.approx(0.1414, abs=1e-3)
     table = markdown(rows)
     assert "base (no adapter)" in table and "0.6000 ± 0.0000" in table and table.count("\n") == 5
+
+
+def test_shipped_adapters_load_and_the_demo_section_runs(tmp_path):
+    """The shipped base + FeRA / LoRA adapters (assets/checkpoints/fera) load strictly, and both adapters
+    lower the base's held-out loss on real crops (what they were trained for)."""
+    from core.demo import DemoContext
+    from perception.adapters.demo import demo_section
+
+    sec = demo_section(DemoContext(out=tmp_path))
+    f = sec.figures
+    assert f["fera_heldout_loss"] < f["base_heldout_loss"] and f["lora_heldout_loss"] < f["base_heldout_loss"]
+    assert (tmp_path / "img" / "fera_fera.png").is_file() and "routing" in sec.body

@@ -1,0 +1,90 @@
+"""Demo section of FeRA: the shipped base (a UNet pretrained on simulator renders) and its FeRA / LoRA
+adapters (64 crops of real videos, same steps) sampling from the same noise, FeRA's routing against the noise
+level on held-out real crops, and the recorded comparison table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.demo import DemoContext, DemoSection, img_tag, table
+from core.resources import asset
+
+SHIPPED = asset("checkpoints", "fera")
+SCALE = 3
+
+
+def load_shipped(arm: str | None, folder: Path = SHIPPED):
+    """The shipped base denoiser, with the adapter of ``arm`` (``fera`` / ``lora``) loaded when given."""
+    from core.checkpoint import load_into, load_weights
+    from core.errors import DataError
+    from core.io import read_json
+    from core.layers.lora import load_lora
+    from core.pretrained import dataclass_from_dict
+    from perception.adapters.configuration_fera import FeRAModelConfig
+    from perception.adapters.fera import load_fera
+    from perception.adapters.task import build_denoiser
+
+    if not (folder / "model.json").is_file():
+        raise DataError(folder, "has no model.json (not a shipped FeRA folder)")
+    model_cfg = dataclass_from_dict(FeRAModelConfig, read_json(folder / "model.json"))
+    model = build_denoiser(model_cfg)
+    load_into(model, load_weights(folder / "base" / "model.safetensors"), source=str(folder / "base"))
+    if arm is not None:
+        (load_fera if arm.startswith("fera") else load_lora)(model.backbone, folder / arm)
+    return model.eval().requires_grad_(False), model_cfg
+
+
+def _grid(imgs, cols: int = 8):
+    import numpy as np
+
+    n, c, h, w = imgs.shape
+    rows = (n + cols - 1) // cols
+    g = np.zeros((rows * h, cols * w, c), np.uint8)
+    for i, im in enumerate(imgs.permute(0, 2, 3, 1).numpy()):
+        g[(i // cols) * h:(i // cols + 1) * h, (i % cols) * w:(i % cols + 1) * w] = im
+    return g
+
+
+def demo_section(ctx: DemoContext) -> DemoSection:
+    from core.io import read_json
+    from perception.adapters.backbones import heldout_loss_by_level, sample_images
+    from perception.adapters.data import target_images
+    from perception.adapters.fera import router_of
+
+    figures, body, rows = {}, "", []
+    base, model_cfg = load_shipped(None)
+    test = target_images("test", model_cfg.image_size, 64, seed=0)
+    body += img_tag(ctx.save_image("fera_real.png", _grid(test[:16]), SCALE),
+                    "held-out real crops (target domain)", 8 * model_cfg.image_size * SCALE)
+    for arm in (None, "fera", "lora"):
+        model = base if arm is None else load_shipped(arm)[0]
+        imgs = sample_images(model, 16, steps=model_cfg.sample_steps, seed=ctx.seed)
+        name = arm or "base"
+        body += img_tag(ctx.save_image(f"fera_{name}.png", _grid(imgs), SCALE),
+                        f"{name}: 16 samples, same noise", 8 * model_cfg.image_size * SCALE)
+        loss = heldout_loss_by_level(model, test, seed=0)
+        rows.append({"model": name, **{k: round(v, 4) for k, v in loss.items()}})
+        figures[f"{name}_heldout_loss"] = loss["mean"]
+        if arm == "fera":
+            import torch
+
+            router = router_of(model.backbone)
+            x0 = test.float() / 127.5 - 1
+            eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+            with torch.no_grad():
+                routing = [{"t": t, **{f"expert {e}": round(float(w), 3) for e, w in enumerate(
+                    router.route((1 - t) * x0 + t * eps).mean(0))}} for t in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    body += "<h4>held-out denoising loss (64 real crops, fixed noise) by noise level t</h4>" + table(rows)
+    body += "<h4>FeRA's mean routing weights by noise level (the indicator reads the noisy latent)</h4>"
+    body += table(routing)
+    comparison = SHIPPED / "comparison.md"
+    if comparison.is_file():
+        body += "<h4>recorded comparison (python -m perception.adapters.experiments; mean ± sd over seeds)</h4>"
+        body += f"<pre>{comparison.read_text()}</pre>"
+    meta = read_json(SHIPPED / "model.json")
+    return DemoSection(
+        title="FeRA: frequency-energy routed adapters for diffusion fine-tuning (perception/adapters)",
+        lead=f"A {meta['kind']} flow-matching model pretrained on simulator renders ({meta['image_size']} px), "
+             "adapted with 64 crops of real videos by FeRA (3 routed rank-4 LoRA experts, FECL) and by peft's "
+             "LoRA at the same parameter count. Samples share their noise across models.",
+        body=body, figures=figures)

@@ -1,0 +1,22 @@
+"""Registers FeRA (named in pyproject's ``embodied.methods`` entry points)."""
+
+from core.registry import InferSpec, register_method
+
+register_method(
+    "fera",
+    folder="perception/adapters",
+    description="frequency-energy routed adapter experts for diffusion fine-tuning, against LoRA and DoRA (peft)",
+    task="perception.adapters.task",
+    config="perception.adapters.configuration_fera",
+    demo="perception.adapters.demo:demo_section",
+    infer=[InferSpec(
+        "fera-samples", "perception.adapters.cli:infer",
+        "sample images (grid.png + samples/) from a FeRA / LoRA / DoRA-adapted diffusion model of `embodied train fera`",
+        (("--run", dict(required=True, metavar="DIR", help="the arm's run folder (its out_dir)")),
+         ("--out", dict(required=True, metavar="DIR", help="output folder")),
+         ("--n", dict(type=int, default=16, help="number of samples (default 16)")),
+         ("--seed", dict(type=int, default=0, help="noise seed")),
+         ("--steps", dict(type=int, default=None, help="Euler steps (default: the model's)")),
+         ("--base", dict(action="store_true", help="sample the unadapted base instead (same noise)"))),
+    )],
+)
