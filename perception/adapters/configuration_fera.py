@@ -113,7 +113,7 @@ class FeRADataConfig:
     (``bikes.mp4``, ``vtest.avi``): ``shots`` training crops from their first 60 %, ``test_n`` held-out crops
     from their last 30 %."""
 
-    source_root: str = "outputs/datasets/fera_source_32px"
+    source_root: str = "outputs/datasets/fera_source"  # frames rendered into <source_root>/<size>px
     source_clips: int = 48
     source_frames: int = 16
     shots: int = 64

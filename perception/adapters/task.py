@@ -71,7 +71,8 @@ def load_base(model_cfg: FeRAModelConfig) -> nn.Module:
 def source_dataset(model_cfg: FeRAModelConfig, data: FeRADataConfig):
     from perception.adapters.data import ImageTensorDataset, source_images
 
-    imgs = source_images(data.source_root, model_cfg.image_size, data.source_clips, data.source_frames, data.seed)
+    root = Path(data.source_root) / f"{model_cfg.image_size}px"  # one rendering per resolution
+    imgs = source_images(root, model_cfg.image_size, data.source_clips, data.source_frames, data.seed)
     return ImageTensorDataset(imgs, flip=data.flip)
 
 
