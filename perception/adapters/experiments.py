@@ -69,6 +69,9 @@ def summarise(results: dict[tuple[str, int, str], list[dict[str, Any]]]) -> list
                "fd": _stats([e["fd"] for e in evals]),
                "loss": {lv: _stats([e["heldout_loss"][lv] for e in evals]) for lv in levels},
                "base": evals[0]["base"]}
+        curves = [{p["step"]: p["mean"] for p in e.get("curve", [])} for e in evals]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+        row["curve"] = {str(st): statistics.fmean(c[st] for c in curves) for st in steps}
         if "routing_by_level" in evals[0]:
             row["routing_by_level"] = evals[0]["routing_by_level"]
         rows.append(row)
@@ -95,6 +98,63 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_curves(rows: list[dict[str, Any]]) -> str:
+    """Held-out loss (mean over levels and seeds) against adaptation steps, one row per arm."""
+    steps = sorted({int(st) for r in rows for st in r.get("curve", {})})
+    if not steps:
+        return ""
+    lines = ["| backbone | arm | " + " | ".join(f"step {st}" for st in steps) + " |",
+             "|" + "---|" * (len(steps) + 2)]
+    for r in rows:
+        c = r.get("curve", {})
+        lines.append(f"| {r['backbone']}{r['size']} | {r['arm']} | "
+                     + " | ".join(f"{c[str(st)]:.4f}" if str(st) in c else "" for st in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def fecl_gradient_probe(base_path: str, kind: str = "dit", steps: int = 60, seed: int = 0) -> list[dict[str, float]]:
+    """FeRA training on the target shots from the base at ``base_path``, reporting at a few steps the norms of
+    the MSE's and FECL's gradients on the adapter (FECL is scale-invariant in delta = adapted - base, so its
+    gradient grows like 1 / |delta|: largest when the zero-initialised adapter starts to move)."""
+    import torch
+
+    from core.config import compose
+    from perception.adapters import task
+    from perception.adapters.fera import disable_fera
+    from perception.adapters.frequency import fecl_loss
+
+    torch.manual_seed(seed)
+    model_cfg, data, adapter, _ = task._configs(compose(["experiment=fera", f"model=fera_{kind}",
+                                                         f"model.base_path={base_path}"]))
+    model = task.AdaptedDenoiser(task.load_base(model_cfg), adapter)
+    fera = model.fera
+    shots = task.target_split(model_cfg, data, "train").float() / 127.5 - 1
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for step in range(1, steps + 1):
+        x_t, t, target = model.denoiser.noisy_batch(shots[torch.randint(0, len(shots), (16,), generator=g)])
+        pred = model.denoiser(x_t, t)
+        mse = torch.nn.functional.mse_loss(pred, target)
+        with torch.no_grad(), disable_fera(model.denoiser.backbone):
+            base = model.denoiser(x_t, t)
+        fecl = fecl_loss(pred, base, target, fera.num_bands, fera.kappa, fera.finest_band, weight=fera.fecl_weight,
+                         kappa_divisor=fera.kappa_divisor)
+        norms = []
+        for loss in (mse, fecl):
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            norms.append(float(torch.sqrt(sum((x ** 2).sum() for x in grads if x is not None))))
+        if step in (1, 2, 3, 5, 10, 20, 40, 60, steps):
+            rows.append({"step": step, "mse": float(mse), "fecl": float(fecl), "grad_mse": norms[0],
+                         "grad_fecl": norms[1], "ratio": norms[1] / norms[0], "delta": float((pred - base).norm())})
+            print(rows[-1])
+        opt.zero_grad()
+        (mse + fecl).backward()
+        opt.step()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="outputs/fera_exp")
@@ -107,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     p.add_argument("--ship", default=None, metavar="DIR",
                    help="copy the first backbone's base, its seed-0 fera and lora adapters and the table here")
+    p.add_argument("--fecl-probe", default=None, metavar="BASE_DIR",
+                   help="only: FECL vs MSE gradient norms while FeRA adapts the base in BASE_DIR (a DiT)")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.fecl_probe:
+        write_json(out / "fecl_probe.json", fecl_gradient_probe(args.fecl_probe))
+        return 0
     for kind in args.backbones:
         # the base first (one run pretrains it; the arms then share it)
         first = run_arm(out, kind, args.size, args.arms[0], args.seeds[0], args.steps, args.extra)
@@ -118,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         assert first in dirs
         rows = summarise(collect(out))
         write_json(out / "summary.json", rows)
-        write_text(out / "summary.md", markdown(rows))
+        write_text(out / "summary.md", markdown(rows) + "\n" + markdown_curves(rows))
     if args.ship:
         ship(out, Path(args.ship), args.backbones[0], args.size, args.seeds[0])
     print((out / "summary.md").read_text())
