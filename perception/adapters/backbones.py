@@ -35,15 +35,13 @@ Conventions and choices:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.config import choice
 from core.diffusion import add_noise, euler_step, sample_timesteps, timestep_grid, velocity_target
-from core.errors import ConfigError
+from perception.adapters.configuration_fera import KINDS, BackboneConfig
 
 __all__ = [
     "KINDS",
@@ -54,75 +52,7 @@ __all__ = [
     "sample_images",
 ]
 
-KINDS = ("unet", "dit")
 TIMESTEP_SCALE = 1000.0  # the backbones' timestep embeddings expect DDPM-style indices in [0, 1000]
-
-
-@dataclass
-class BackboneConfig:
-    """Size of a pixel-space flow-matching denoiser (see the module docstring for the layout).
-
-    Common: ``kind`` (``"unet"`` or ``"dit"``), square ``image_size`` px, ``channels`` image channels.
-    UNet: one level per ``block_out_channels`` entry (each but the last halves the resolution),
-    ``layers_per_block`` resnets per level, heads of ``attention_head_dim`` channels, a null context of width
-    ``cross_attention_dim``, GroupNorm with ``norm_num_groups`` groups; ``attention_levels`` says which levels'
-    down / up blocks have (self + cross) attention (``None``: every level but the lowest, as Stable Diffusion;
-    the mid block always has it). DiT: ``dit_layers`` blocks of ``dit_heads`` heads of ``dit_head_dim``
-    channels on ``patch_size`` patches.
-    """
-
-    kind: str = "unet"
-    image_size: int = 32
-    channels: int = 3
-    block_out_channels: list[int] = field(default_factory=lambda: [32, 64])
-    layers_per_block: int = 1
-    attention_head_dim: int = 8
-    cross_attention_dim: int = 32
-    context_tokens: int = 4
-    norm_num_groups: int = 8
-    attention_levels: list[bool] | None = None
-    dit_layers: int = 4
-    dit_heads: int = 4
-    dit_head_dim: int = 16
-    patch_size: int = 2
-
-    def __post_init__(self):
-        choice("backbone.kind", self.kind, KINDS)
-        for key in ("image_size", "channels", "layers_per_block", "attention_head_dim", "cross_attention_dim",
-                    "context_tokens", "norm_num_groups", "dit_layers", "dit_heads", "dit_head_dim", "patch_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"backbone.{key} must be an integer >= 1, got {value!r}")
-        if self.kind == "unet":
-            self._check_unet()
-        elif self.image_size % self.patch_size:
-            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of "
-                              f"backbone.patch_size={self.patch_size}")
-
-    def _check_unet(self) -> None:
-        chans = list(self.block_out_channels)
-        if not chans or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chans):
-            raise ConfigError(f"backbone.block_out_channels must be a non-empty list of ints >= 1, got {chans}")
-        for c in chans:
-            if c % self.norm_num_groups or c % self.attention_head_dim:
-                raise ConfigError(f"backbone.block_out_channels entry {c} must be a multiple of "
-                                  f"norm_num_groups={self.norm_num_groups} and "
-                                  f"attention_head_dim={self.attention_head_dim}")
-        factor = 2 ** (len(chans) - 1)
-        if self.image_size % factor:
-            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of {factor} "
-                              f"({len(chans)} UNet levels)")
-        levels = self.attention_levels
-        if levels is not None and len(levels) != len(chans):
-            raise ConfigError(f"backbone.attention_levels needs one entry per block_out_channels level "
-                              f"({len(chans)}), got {len(levels)}")
-
-    @property
-    def unet_attention_levels(self) -> list[bool]:
-        """Per UNet level (outermost first): whether its down / up blocks have attention."""
-        if self.attention_levels is not None:
-            return [bool(a) for a in self.attention_levels]
-        return [i < len(self.block_out_channels) - 1 for i in range(len(self.block_out_channels))]
 
 
 def build_backbone(cfg: BackboneConfig) -> nn.Module:

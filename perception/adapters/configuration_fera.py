@@ -13,7 +13,7 @@ Three groups of the config tree:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from core.config import choice, schema
 from core.errors import ConfigError
@@ -62,12 +62,24 @@ class AdapterConfig:
                           temperature=self.temperature, routing=self.routing, fecl_weight=self.fecl_weight)
 
 
-@schema("model", "fera_model_schema")
-@dataclass
-class FeRAModelConfig:
-    """The backbone (``perception.adapters.backbones.BackboneConfig`` fields) and its base pretraining."""
+KINDS = ("unet", "dit")
 
-    kind: str = "unet"  # unet | dit
+
+@dataclass
+class BackboneConfig:
+    """Size of a pixel-space flow-matching denoiser (``perception.adapters.backbones`` builds it; its docstring
+    has the layout).
+
+    Common: ``kind`` (``"unet"`` or ``"dit"``), square ``image_size`` px, ``channels`` image channels.
+    UNet: one level per ``block_out_channels`` entry (each but the last halves the resolution),
+    ``layers_per_block`` resnets per level, heads of ``attention_head_dim`` channels, a null context of width
+    ``cross_attention_dim``, GroupNorm with ``norm_num_groups`` groups; ``attention_levels`` says which levels'
+    down / up blocks have (self + cross) attention (``None``: every level but the lowest, as Stable Diffusion;
+    the mid block always has it). DiT: ``dit_layers`` blocks of ``dit_heads`` heads of ``dit_head_dim``
+    channels on ``patch_size`` patches.
+    """
+
+    kind: str = "unet"
     image_size: int = 32
     channels: int = 3
     block_out_channels: list[int] = field(default_factory=lambda: [32, 64])
@@ -76,11 +88,57 @@ class FeRAModelConfig:
     cross_attention_dim: int = 32
     context_tokens: int = 4
     norm_num_groups: int = 8
-    attention_levels: list[bool] | None = None  # per UNet level; None: all but the lowest (SD's layout)
+    attention_levels: list[bool] | None = None
     dit_layers: int = 4
     dit_heads: int = 4
     dit_head_dim: int = 16
     patch_size: int = 2
+
+    def __post_init__(self):
+        choice("backbone.kind", self.kind, KINDS)
+        for key in ("image_size", "channels", "layers_per_block", "attention_head_dim", "cross_attention_dim",
+                    "context_tokens", "norm_num_groups", "dit_layers", "dit_heads", "dit_head_dim", "patch_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"backbone.{key} must be an integer >= 1, got {value!r}")
+        if self.kind == "unet":
+            self._check_unet()
+        elif self.image_size % self.patch_size:
+            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of "
+                              f"backbone.patch_size={self.patch_size}")
+
+    def _check_unet(self) -> None:
+        chans = list(self.block_out_channels)
+        if not chans or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chans):
+            raise ConfigError(f"backbone.block_out_channels must be a non-empty list of ints >= 1, got {chans}")
+        for c in chans:
+            if c % self.norm_num_groups or c % self.attention_head_dim:
+                raise ConfigError(f"backbone.block_out_channels entry {c} must be a multiple of "
+                                  f"norm_num_groups={self.norm_num_groups} and "
+                                  f"attention_head_dim={self.attention_head_dim}")
+        factor = 2 ** (len(chans) - 1)
+        if self.image_size % factor:
+            raise ConfigError(f"backbone.image_size={self.image_size} must be a multiple of {factor} "
+                              f"({len(chans)} UNet levels)")
+        levels = self.attention_levels
+        if levels is not None and len(levels) != len(chans):
+            raise ConfigError(f"backbone.attention_levels needs one entry per block_out_channels level "
+                              f"({len(chans)}), got {len(levels)}")
+
+    @property
+    def unet_attention_levels(self) -> list[bool]:
+        """Per UNet level (outermost first): whether its down / up blocks have attention."""
+        if self.attention_levels is not None:
+            return [bool(a) for a in self.attention_levels]
+        return [i < len(self.block_out_channels) - 1 for i in range(len(self.block_out_channels))]
+
+
+
+@schema("model", "fera_model_schema")
+@dataclass
+class FeRAModelConfig(BackboneConfig):
+    """The backbone (``BackboneConfig``) and how its base is pretrained on the source domain."""
+
     # the base: pretrained on the source domain into base_path when that folder has no checkpoint yet
     base_path: str = "outputs/fera/base_unet_32"
     pretrain_steps: int = 1500
@@ -89,21 +147,13 @@ class FeRAModelConfig:
     sample_steps: int = 20
 
     def __post_init__(self) -> None:
-        choice("model.kind", self.kind, ("unet", "dit"))
+        super().__post_init__()
         if self.pretrain_steps < 0 or self.sample_steps < 1:
             raise ConfigError("model.pretrain_steps must be >= 0 and model.sample_steps >= 1")
 
-    def backbone(self):
-        from perception.adapters.backbones import BackboneConfig
-
-        return BackboneConfig(kind=self.kind, image_size=self.image_size, channels=self.channels,
-                              block_out_channels=list(self.block_out_channels),
-                              layers_per_block=self.layers_per_block, attention_head_dim=self.attention_head_dim,
-                              cross_attention_dim=self.cross_attention_dim, context_tokens=self.context_tokens,
-                              norm_num_groups=self.norm_num_groups,
-                              attention_levels=None if self.attention_levels is None else list(self.attention_levels),
-                              dit_layers=self.dit_layers, dit_heads=self.dit_heads, dit_head_dim=self.dit_head_dim,
-                              patch_size=self.patch_size)
+    def backbone(self) -> BackboneConfig:
+        """Just the architecture (what a base checkpoint must match)."""
+        return BackboneConfig(**{f.name: getattr(self, f.name) for f in fields(BackboneConfig)})
 
 
 @schema("data", "fera_data_schema")
