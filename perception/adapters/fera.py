@@ -128,7 +128,9 @@ class FeRARouter(nn.Module):
         self.mlp = (nn.Sequential(nn.Linear(config.num_bands, config.router_hidden), nn.GELU(),
                                   nn.Linear(config.router_hidden, e))
                     if config.routing == "soft" else None)
-        self.weights: torch.Tensor | None = None  # (N, E) of the forward in progress
+        # (N, E) of the latest adapted forward. Kept after it returns: gradient-checkpointed blocks re-run their
+        # forward during backward and must route as they did (a disabled base pass in between leaves it alone)
+        self.weights: torch.Tensor | None = None
         self.fixed: torch.Tensor | None = None  # (E,) when routing is frozen
         self.enabled = True
         self.calls = 0  # how many times routing weights were computed (tests count one per forward)
@@ -151,7 +153,6 @@ class FeRARouter(nn.Module):
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not self.enabled:
-            self.weights = None
             return
         latent = next((kwargs[k] for k in self.config.latent_keys if isinstance(kwargs.get(k), torch.Tensor)),
                       None)
@@ -161,9 +162,6 @@ class FeRARouter(nn.Module):
             raise ValueError(f"FeRA router: no (N, C, H, W) or (N, T, C, H, W) latent among the keywords "
                              f"{self.config.latent_keys} or the first positional argument of the adapted model")
         self.weights = self.route(latent)
-
-    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self.weights = None
 
 
 class FeRALinear(nn.Module):
@@ -205,7 +203,7 @@ class FeRALinear(nn.Module):
         weights = router.weights
         if weights is None:
             if router.fixed is None:
-                raise RuntimeError("FeRA layer called outside a forward of the adapted model (no routing "
+                raise RuntimeError("FeRA layer called before any forward of the adapted model (no routing "
                                    "weights); call the model itself, or fix the routing with fixed_routing()")
             weights = router.fixed.to(x.device, x.dtype).expand(x.shape[0], -1)
         if x.shape[0] != weights.shape[0]:
@@ -257,9 +255,8 @@ def apply_fera(model: nn.Module, config: FeRAConfig) -> nn.Module:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, FeRALinear(lin, config, router))
     model.add_module(ROUTER_NAME, router)
-    handles = (model.register_forward_pre_hook(router._pre_hook, with_kwargs=True),
-               model.register_forward_hook(router._post_hook, with_kwargs=True))
-    object.__setattr__(router, "_handles", handles)
+    handle = model.register_forward_pre_hook(router._pre_hook, with_kwargs=True)
+    object.__setattr__(router, "_handle", handle)
     object.__setattr__(model, "fera_config", config)
     return model
 

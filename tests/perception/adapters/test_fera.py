@@ -247,3 +247,24 @@ def test_video_dit_of_flexforcing_is_adapted_by_name_pattern():
         randomise(dit)
         assert not torch.equal(dit(x, t, frames), ref)
     assert router_of(dit).calls == 2 and len(dict(fera_layers(dit))) == 4
+
+
+def test_gradient_checkpointing_recomputes_with_the_same_routing():
+    """Checkpointed blocks re-run their forward in backward (after FECL's disabled base pass): the gradients
+    must equal those of the plain model."""
+    grads = []
+    for ckpt in (False, True):
+        model = tiny_unet().train()
+        apply_fera(model, FeRAConfig(**CFG))
+        randomise(model)
+        if ckpt:
+            model.enable_gradient_checkpointing()
+        x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        out = run(model, x)
+        with torch.no_grad(), disable_fera(model):
+            run(model, x)  # a base pass between forward and backward, as FECL does
+        out.pow(2).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-6)
