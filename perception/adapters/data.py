@@ -52,17 +52,6 @@ POOL_FRAMES = 48
 
 
 # ------------------------------------------------------------------------------------------------ source
-def _render_source(root: Path, n_clips: int, frames: int, seed: int, size: int) -> None:
-    from core.logging import get_logger
-    from sim.render.videos import make_dataset
-
-    if root.exists() and any(root.iterdir()):
-        raise DataError(root, "exists but has no meta.json (not a sim.render.videos folder)")
-    get_logger("embodied.fera").info("rendering %d clips of %d frames (%d px, seed %d) into %s",
-                                     n_clips, frames, size, seed, root)
-    make_dataset(root, n=n_clips, seed=seed, size=size, spp=4, test_fraction=0.0, frames=frames)
-
-
 def source_images(root: str | Path, size: int, n_clips: int = 48, frames: int = 16, seed: int = 0) -> torch.Tensor:
     """Every frame of the simulator motion clips in ``root``, rendering them first when ``root`` is new.
 
@@ -82,22 +71,11 @@ def source_images(root: str | Path, size: int, n_clips: int = 48, frames: int = 
             cannot be decoded.
     """
     from core.data.video import read_frames
-    from core.io import read_json
-    from core.outputs import lock_folder
+    from sim.render.videos import ensure_dataset
 
     root = Path(root)
-    meta_path = root / "meta.json"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with lock_folder(root, wait=3600):  # arms started together: one renders, the others wait for it
-        if not meta_path.is_file():
-            _render_source(root, n_clips, frames, seed, size)
-    meta = read_json(meta_path)
-    clips = sorted(key for key, c in meta.get("clips", {}).items() if c.get("split") == "train")
-    have = (meta.get("width"), meta.get("height"), meta.get("frames"), meta.get("seed"), len(clips))
-    if have != (size, size, frames, seed, n_clips):
-        raise DataError(meta_path, f"rendered as {have[0]}x{have[1]} px, {have[2]} frames, seed {have[3]}, "
-                                   f"{have[4]} clips; asked for {size} px, {frames} frames, seed {seed}, "
-                                   f"{n_clips} clips (use another root)")
+    meta = ensure_dataset(root, n_clips, frames, seed, size)  # parallel arms: one renders, the others wait
+    clips = sorted(key for key, c in meta["clips"].items() if c.get("split") == "train")
     out = []
     for key in clips:
         path = root / "train" / "video" / f"{key.split('/', 1)[1]}.mp4"

@@ -41,25 +41,16 @@ from perception.video.configuration_flexforcing import FlexForcingConfig, FlexVi
 log = get_logger("embodied.flexforcing")
 
 
-def _render(root: Path, n: int, frames: int, seed: int, size: int) -> None:
-    from sim.render.videos import make_dataset
-
-    if (root / "meta.json").is_file():
-        return
-    if root.exists() and any(root.iterdir()):
-        raise DataError(root, "exists but has no meta.json (not a sim.render.videos folder)")
-    log.info("rendering %d clips of %d frames (%d px, seed %d) into %s", n, frames, size, seed, root)
-    make_dataset(root, n=n, seed=seed, size=size, spp=4, test_fraction=0.0, frames=frames)
-
-
 def ensure_data(data: FlexVideoDataConfig, split: str) -> Path:
     """The folder of ``split``'s mp4 clips (``train`` or ``test``), rendering them first when missing."""
+    from sim.render.videos import ensure_dataset
+
     if split == "train":
         root = Path(data.root)
-        _render(root, data.render_n, data.render_frames, data.render_seed, data.size)
+        ensure_dataset(root, data.render_n, data.render_frames, data.render_seed, data.size)
     else:
         root = Path(data.test_root)
-        _render(root, data.test_n, data.test_frames, data.test_seed, data.size)
+        ensure_dataset(root, data.test_n, data.test_frames, data.test_seed, data.size)
     folder = root / "train" / "video" if (root / "train" / "video").is_dir() else root
     return folder
 

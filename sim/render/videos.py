@@ -283,3 +283,38 @@ def make_dataset(
         "seconds": time.perf_counter() - t0,
         "meta": meta,
     }
+
+
+def ensure_dataset(root: str | Path, n: int, frames: int, seed: int = 0, size: int | None = None, spp: int = 4,
+                   wait: float = 3600.0) -> dict:
+    """``root``'s clips (all in ``train``), rendered by ``make_dataset`` first when ``root`` has none; returns
+    its ``meta.json``.
+
+    Several runs may ask for the same folder at once: one renders under the folder's lock, the others wait
+    for it (up to ``wait`` s). A non-empty folder without ``meta.json``, or one rendered with other settings
+    (size, frames, seed, clip count), is a one-line ``DataError`` rather than data silently reused.
+    """
+    from core.errors import DataError
+    from core.io import read_json
+    from core.logging import get_logger
+    from core.outputs import lock_folder
+
+    root = Path(root)
+    meta_path = root / "meta.json"
+    with lock_folder(root, wait=wait):
+        if not meta_path.is_file():
+            if root.exists() and any(root.iterdir()):
+                raise DataError(root, "exists but has no meta.json (not a sim.render.videos folder)")
+            get_logger("embodied.sim").info("rendering %d clips of %d frames (%s px, seed %d) into %s", n, frames,
+                                            size, seed, root)
+            make_dataset(root, n=n, seed=seed, size=size, spp=spp, test_fraction=0.0, frames=frames)
+    meta = read_json(meta_path)
+    clips = sum(1 for c in meta.get("clips", {}).values() if c.get("split") == "train")
+    have = (meta.get("width"), meta.get("frames"), meta.get("seed"), clips)
+    want = (size if size is not None else meta.get("width"), frames, seed, n)
+    if have != want:
+        raise DataError(meta_path, f"rendered as {have[0]} px, {have[1]} frames, seed {have[2]}, {have[3]} clips; "
+                                   f"asked for {want[0]} px, {frames} frames, seed {seed}, {n} clips "
+                                   "(use another folder)")
+    return meta
+
