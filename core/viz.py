@@ -24,3 +24,16 @@ def colorize(values: np.ndarray, valid: np.ndarray | None = None, cmap: str = "v
     rgb = (matplotlib.colormaps[cmap](np.clip(norm, 0, 1))[..., :3] * 255).astype(np.uint8)
     rgb[~mask] = 0
     return rgb
+
+
+def image_grid(images: np.ndarray, cols: int) -> np.ndarray:
+    """(N, H, W, C) images -> one (rows * H, cols * W, C) grid, row by row; empty cells black."""
+    images = np.asarray(images)
+    n, h, w, c = images.shape
+    rows = -(-n // cols)
+    grid = np.zeros((rows * h, cols * w, c), images.dtype)
+    for i, img in enumerate(images):
+        r, k = divmod(i, cols)
+        grid[r * h:(r + 1) * h, k * w:(k + 1) * w] = img
+    return grid
+

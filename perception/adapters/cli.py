@@ -17,11 +17,10 @@ from core.errors import ConfigError, DataError
 
 
 def infer(args) -> int:
-    import numpy as np
-
     from core.data.images import write_image
     from core.io import read_json
     from core.pretrained import dataclass_from_dict
+    from core.viz import image_grid
     from perception.adapters.backbones import sample_images
     from perception.adapters.configuration_fera import FeRAModelConfig
     from perception.adapters.task import load_adapted, load_base
@@ -36,12 +35,8 @@ def infer(args) -> int:
     model_cfg = dataclass_from_dict(FeRAModelConfig, read_json(cfg_file).get("model") or {})
     denoiser = load_base(model_cfg) if args.base else load_adapted(model_cfg, run).denoiser
     imgs = sample_images(denoiser, args.n, steps=args.steps or model_cfg.sample_steps, seed=args.seed)
-    cols = math.ceil(math.sqrt(args.n))
-    rows = math.ceil(args.n / cols)
-    c, h, w = imgs.shape[1:]
-    grid = np.zeros((rows * h, cols * w, c), np.uint8)
-    for i, img in enumerate(imgs.permute(0, 2, 3, 1).numpy()):
-        grid[(i // cols) * h:(i // cols + 1) * h, (i % cols) * w:(i % cols + 1) * w] = img
+    grid = image_grid(imgs.permute(0, 2, 3, 1).numpy(), cols=math.ceil(math.sqrt(args.n)))
+    h, w = imgs.shape[-2:]
     (out / "samples").mkdir(parents=True, exist_ok=True)
     write_image(out / "grid.png", grid)
     for i, img in enumerate(imgs.permute(0, 2, 3, 1).numpy()):

@@ -35,21 +35,16 @@ def load_shipped(arm: str | None, folder: Path = SHIPPED):
 
 
 def _grid(imgs, cols: int = 8):
-    import numpy as np
+    from core.viz import image_grid
 
-    n, c, h, w = imgs.shape
-    rows = (n + cols - 1) // cols
-    g = np.zeros((rows * h, cols * w, c), np.uint8)
-    for i, im in enumerate(imgs.permute(0, 2, 3, 1).numpy()):
-        g[(i // cols) * h:(i // cols + 1) * h, (i % cols) * w:(i % cols + 1) * w] = im
-    return g
+    return image_grid(imgs.permute(0, 2, 3, 1).numpy(), cols)
 
 
 def demo_section(ctx: DemoContext) -> DemoSection:
     from core.io import read_json
     from perception.adapters.backbones import heldout_loss_by_level, sample_images
     from perception.adapters.data import target_images
-    from perception.adapters.fera import router_of
+    from perception.adapters.task import routing_by_level
 
     figures, body, rows = {}, "", []
     base, model_cfg = load_shipped(None)
@@ -66,14 +61,8 @@ def demo_section(ctx: DemoContext) -> DemoSection:
         rows.append({"model": name, **{k: round(v, 4) for k, v in loss.items()}})
         figures[f"{name}_heldout_loss"] = loss["mean"]
         if arm == "fera":
-            import torch
-
-            router = router_of(model.backbone)
-            x0 = test.float() / 127.5 - 1
-            eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
-            with torch.no_grad():
-                routing = [{"t": t, **{f"expert {e}": round(float(w), 3) for e, w in enumerate(
-                    router.route((1 - t) * x0 + t * eps).mean(0))}} for t in (0.1, 0.3, 0.5, 0.7, 0.9)]
+            routing = [{"t": k[1:], **{f"expert {e}": round(w, 3) for e, w in enumerate(v)}}
+                       for k, v in routing_by_level(model, test, [0.1, 0.3, 0.5, 0.7, 0.9]).items()]
     body += "<h4>held-out denoising loss (64 real crops, fixed noise) by noise level t</h4>" + table(rows)
     body += "<h4>FeRA's mean routing weights by noise level (the indicator reads the noisy latent)</h4>"
     body += table(routing)

@@ -252,11 +252,13 @@ def train(cfg) -> dict[str, Any]:
 
 # -- evaluate --------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def routing_by_level(model: AdaptedDenoiser, images: torch.Tensor, levels: list[float]) -> dict[str, list[float]]:
-    """FeRA's mean routing weights over ``images`` noised to each level (fixed noise): does routing follow t?"""
+def routing_by_level(model: nn.Module, images: torch.Tensor, levels: list[float]) -> dict[str, list[float]]:
+    """FeRA's mean routing weights over ``images`` (uint8) noised to each level (fixed noise): does routing
+    follow t? ``model``: an ``AdaptedDenoiser`` or a FeRA-adapted ``FlowDenoiser``."""
     from perception.adapters.fera import router_of
 
-    router = router_of(model.denoiser.backbone)
+    denoiser = getattr(model, "denoiser", model)
+    router = router_of(denoiser.backbone)
     g = torch.Generator().manual_seed(0)
     x0 = images.float() / 127.5 - 1
     eps = torch.randn(x0.shape, generator=g)
@@ -292,9 +294,7 @@ def evaluate(cfg) -> dict[str, Any]:
         write_json(base_file, cached)
     model = load_adapted(model_cfg, out_dir)
     result = {"arm": model.adapter.name, "kind": model.adapter.kind, "backbone": model_cfg.kind,
-              "image_size": model_cfg.image_size, "trainable_parameters": sum(
-                  p.numel() for n, p in model.named_parameters()
-                  if "lora_" in n or "fera_router" in n),
+              "image_size": model_cfg.image_size, "trainable_parameters": model.trainable_parameters(),
               **measure(model.denoiser, test, data, model_cfg),
               "base": {k: cached[k] for k in ("heldout_loss", "fd")}}
     if model.fera is not None:
