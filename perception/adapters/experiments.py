@@ -120,37 +120,28 @@ def fecl_gradient_probe(base_path: str, kind: str = "dit", steps: int = 60, seed
 
     from core.config import compose
     from perception.adapters import task
-    from perception.adapters.fera import disable_fera
-    from perception.adapters.frequency import fecl_loss
-
     torch.manual_seed(seed)
     model_cfg, data, adapter, _ = task._configs(compose(["experiment=fera", f"model=fera_{kind}",
                                                          f"model.base_path={base_path}"]))
-    model = task.AdaptedDenoiser(task.load_base(model_cfg), adapter)
-    fera = model.fera
+    model = task.AdaptedDenoiser(task.load_base(model_cfg), adapter)  # its training_step: MSE + FECL
     shots = task.target_split(model_cfg, data, "train").float() / 127.5 - 1
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     rows = []
     for step in range(1, steps + 1):
-        x_t, t, target = model.denoiser.noisy_batch(shots[torch.randint(0, len(shots), (16,), generator=g)])
-        pred = model.denoiser(x_t, t)
-        mse = torch.nn.functional.mse_loss(pred, target)
-        with torch.no_grad(), disable_fera(model.denoiser.backbone):
-            base = model.denoiser(x_t, t)
-        fecl = fecl_loss(pred, base, target, fera.num_bands, fera.kappa, fera.finest_band, weight=fera.fecl_weight,
-                         kappa_divisor=fera.kappa_divisor)
+        out = model.training_step({"image": shots[torch.randint(0, len(shots), (16,), generator=g)]})
+        mse, fecl = out["mse"], out["fecl"]
         norms = []
         for loss in (mse, fecl):
             grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
             norms.append(float(torch.sqrt(sum((x ** 2).sum() for x in grads if x is not None))))
         if step in (1, 2, 3, 5, 10, 20, 40, 60, steps):
-            rows.append({"step": step, "mse": float(mse), "fecl": float(fecl), "grad_mse": norms[0],
-                         "grad_fecl": norms[1], "ratio": norms[1] / norms[0], "delta": float((pred - base).norm())})
+            rows.append({"step": step, "mse": mse.item(), "fecl": fecl.item(), "grad_mse": norms[0],
+                         "grad_fecl": norms[1], "ratio": norms[1] / norms[0]})
             print(rows[-1])
         opt.zero_grad()
-        (mse + fecl).backward()
+        out["loss"].backward()
         opt.step()
     return rows
 
