@@ -245,6 +245,7 @@ class RunConfig:
     data: Any = None
     env: Any = None
     adapter: Any = None  # a parameter-efficient adapter arm (configs/adapter/; FeRA / LoRA / DoRA)
+    algo: Any = None  # a post-training (RL) algorithm arm (configs/algo/; TAGRPO / DanceGRPO)
     eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 

@@ -134,3 +134,18 @@ def _to_rgb8(arr: np.ndarray, path: Path) -> np.ndarray:
         a = alpha.astype(np.float32) * scale / 255.0  # [0, 1]
         c = c * a + 255.0 * (1.0 - a)
     return np.ascontiguousarray(np.clip(np.rint(c), 0, 255).astype(np.uint8))
+
+
+def read_square(path: str | os.PathLike, size: int) -> np.ndarray:
+    """An image file -> (size, size, 3) uint8 RGB: centre-cropped to a square, then area-resized.
+
+    The conditioning frame of video models (Flex-Forcing's continuation, TAGRPO's image-to-video). Errors are
+    ``read_image``'s one-line ``DataError`` naming the file.
+    """
+    import cv2
+
+    img = read_image(Path(path))
+    h, w = img.shape[:2]
+    s = min(h, w)
+    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    return np.ascontiguousarray(cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA))

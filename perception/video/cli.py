@@ -24,16 +24,10 @@ FPS = 15
 
 
 def read_first_frame(path: str | Path, size: int) -> np.ndarray:
-    """An image file -> (size, size, 3) uint8 RGB (centre-cropped to a square, area-resized)."""
-    import cv2
+    """An image file -> (size, size, 3) uint8 RGB (``core.data.imread.read_square``: centre crop, area resize)."""
+    from core.data.imread import read_square
 
-    from core.data.imread import read_image
-
-    img = read_image(Path(path))
-    h, w = img.shape[:2]
-    s = min(h, w)
-    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
-    return cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
+    return read_square(path, size)
 
 
 def infer(args) -> int:

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from core.config import TrainerConfig, compose, default_config_dir, save_resolved, to_object
 from core.errors import ConfigError
 
-GROUPS = ["model", "data", "env", "adapter", "trainer", "experiment", "debug"]
+GROUPS = ["model", "data", "env", "adapter", "algo", "trainer", "experiment", "debug"]
 
 
 def _options(group: str) -> list[str]:
