@@ -1,0 +1,1 @@
+"""TAGRPO: GRPO post-training of an image-to-video flow model (see README.md)."""

@@ -1,0 +1,150 @@
+"""Configuration of TAGRPO and its baselines (light: no torch import).
+
+Three groups of the config tree:
+
+- ``algo`` (schema ``algo_schema``; ``configs/algo/{tagrpo,dancegrpo,tagrpo_indep,dancegrpo_same,
+  tagrpo_reuse}.yaml``): the post-training algorithm. ``embodied train tagrpo algo=dancegrpo`` picks an arm. A new
+  root group of the tree (``RunConfig.algo``), as ``adapter`` is for adapters: any method that post-trains a
+  generator by RL may use it.
+- ``model`` (``tagrpo_model_schema``): the image-to-video policy, i.e. which pretrained video model (a
+  Flex-Forcing checkpoint: its DiT conditioned on a clean first frame) and its sampler.
+- ``data`` (``tagrpo_data_schema``): conditioning images (frames of the simulator's motion clips, whose next
+  frames are the physically correct continuation), held-out images, and the reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import choice, schema
+from core.errors import ConfigError
+
+LOSSES = ("contrastive", "grpo")
+NOISES = ("same", "independent")
+
+
+@schema("algo", "algo_schema")
+@dataclass
+class AlgoConfig:
+    """One post-training arm.
+
+    - ``loss``: ``contrastive`` (TAGRPO: the clipped GRPO term on a rollout's own next latent plus
+      ``contrast_weight`` x the same clipped term on every other target's next latent, weighted by that target's
+      advantage: the policy's predicted latent moves towards high-reward trajectories and away from low-reward
+      ones) or ``grpo`` (DanceGRPO / Flow-GRPO: the own term only).
+    - ``noise``: ``same`` (every rollout of a group starts from the image's initial noise; TAGRPO's observation)
+      or ``independent`` (a fresh initial noise per rollout; DanceGRPO).
+    - ``group_size`` rollouts per conditioning image (G); ``fresh_per_group`` of them are sampled anew each
+      iteration (``None`` = all), the rest are taken from the memory bank (rollout reuse).
+    - ``bank_size``: capacity of the FIFO memory bank of past rollouts (0 = no bank); with ``bank_targets`` the
+      bank's rollouts of the same image and noise also serve as positives / negatives of the contrastive loss.
+    - ``clip_range``: PPO clip of the ratio (log-probabilities are per-element means, as in Flow-GRPO);
+      ``adv_clip``: advantages are clipped to +- this.
+    - ``eta``: noise scale of the SDE sampler (``core.diffusion.sde_step``).
+    - ``updates_per_iteration``: the trained sampling steps are split into this many chunks, one optimizer
+      step each (the ratio is exactly 1 in the first chunk); ``timestep_fraction`` of the steps are trained.
+    """
+
+    name: str = "tagrpo"
+    loss: str = "contrastive"
+    noise: str = "same"
+    group_size: int = 8
+    fresh_per_group: int | None = None
+    bank_size: int = 256
+    bank_targets: bool = True
+    contrast_weight: float = 1.0
+    clip_range: float = 1.0e-3
+    adv_clip: float = 5.0
+    eta: float = 0.3
+    updates_per_iteration: int = 2
+    timestep_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        choice("algo.loss", self.loss, LOSSES)
+        choice("algo.noise", self.noise, NOISES)
+        if self.group_size < 2:
+            raise ConfigError(f"algo.group_size must be >= 2 (advantages are normalised in the group), got "
+                              f"{self.group_size}")
+        if self.fresh_per_group is not None and not 1 <= self.fresh_per_group <= self.group_size:
+            raise ConfigError(f"algo.fresh_per_group must be in [1, group_size={self.group_size}], got "
+                              f"{self.fresh_per_group}")
+        if self.fresh_per_group is not None and self.fresh_per_group < self.group_size and self.bank_size < 1:
+            raise ConfigError("algo.fresh_per_group < group_size reuses banked rollouts: set algo.bank_size >= 1")
+        if self.bank_size < 0 or self.contrast_weight < 0 or self.clip_range <= 0 or self.adv_clip <= 0:
+            raise ConfigError("algo.bank_size, algo.contrast_weight must be >= 0 and algo.clip_range, "
+                              "algo.adv_clip > 0")
+        if self.eta <= 0:
+            raise ConfigError(f"algo.eta must be > 0 (the SDE sampler's log-probabilities need noise), got "
+                              f"{self.eta}")
+        if self.updates_per_iteration < 1 or not 0 < self.timestep_fraction <= 1:
+            raise ConfigError("algo.updates_per_iteration must be >= 1 and algo.timestep_fraction in (0, 1]")
+
+    @property
+    def fresh(self) -> int:
+        return self.group_size if self.fresh_per_group is None else self.fresh_per_group
+
+
+@schema("model", "tagrpo_model_schema")
+@dataclass
+class TAGRPOModelConfig:
+    """The image-to-video policy.
+
+    ``base_path``: the pretrained video model (a Flex-Forcing checkpoint folder: per-frame VAE + latent video DiT
+    trained with clean-context prefixes, so it continues a given first frame); its DiT is post-trained, the VAE
+    stays frozen. ``frames``: video length, the conditioning frame included (default the base's training length).
+    ``sample_steps`` / ``sample_shift``: the sampling grid of rollouts (SDE) and evaluation (ODE).
+    """
+
+    base_path: str = "assets/checkpoints/flexforcing"
+    frames: int | None = None
+    sample_steps: int = 8
+    sample_shift: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.frames is not None and self.frames < 2:
+            raise ConfigError(f"model.frames must be >= 2 (first frame + at least one new), got {self.frames}")
+        if self.sample_steps < 1 or self.sample_shift <= 0:
+            raise ConfigError("model.sample_steps must be >= 1 and model.sample_shift > 0")
+
+
+@schema("data", "tagrpo_data_schema")
+@dataclass
+class TAGRPODataConfig:
+    """Conditioning images and rewards.
+
+    Training images: ``train_images`` windows drawn (seed ``pool_seed``) from the simulator clips under ``root``
+    (``sim.render.videos``, rendered on first use with ``render_*``): the window's first frame is the condition,
+    its frames are the physically correct continuation the rewards compare with. ``images_per_iteration``
+    images per iteration, G rollouts each. Held-out: the first frames of the ``heldout_images`` clips under
+    ``test_root`` (other seed, other scenes), sampled with the ODE at ``eval_seed``'s fixed noise every
+    ``eval_every`` iterations. ``rewards``: name -> weight (``perception.i2v_rl.rewards.REWARDS``).
+    """
+
+    root: str = "outputs/datasets/videos_flex"
+    size: int = 32
+    render_n: int = 240
+    render_frames: int = 24
+    render_seed: int = 0
+    test_root: str = "outputs/datasets/videos_flex_test"
+    test_n: int = 24
+    test_frames: int = 66
+    test_seed: int = 5000
+    train_images: int = 32
+    pool_seed: int = 0
+    images_per_iteration: int = 2
+    heldout_images: int = 24
+    eval_every: int = 5
+    eval_seed: int = 0
+    rewards: dict[str, float] = field(default_factory=lambda: {"psnr": 1.0})
+
+    def __post_init__(self) -> None:
+        if self.size < 8 or self.size % 2:
+            raise ConfigError(f"data.size must be even and >= 8, got {self.size}")
+        if self.train_images < 1 or self.images_per_iteration < 1 or self.heldout_images < 1:
+            raise ConfigError("data.train_images, data.images_per_iteration and data.heldout_images must be >= 1")
+        if self.heldout_images > self.test_n:
+            raise ConfigError(f"data.heldout_images={self.heldout_images} exceeds data.test_n={self.test_n}")
+        if self.eval_every < 1:
+            raise ConfigError(f"data.eval_every must be >= 1, got {self.eval_every}")
+        if not self.rewards:
+            raise ConfigError("data.rewards must name at least one reward")

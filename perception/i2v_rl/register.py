@@ -1,0 +1,23 @@
+"""Registers TAGRPO (named in pyproject's ``embodied.methods`` entry points)."""
+
+from core.registry import InferSpec, register_method
+
+register_method(
+    "tagrpo",
+    folder="perception/i2v_rl",
+    description="GRPO post-training of an image-to-video flow model (TAGRPO vs DanceGRPO), rewards from the simulator",
+    task="perception.i2v_rl.task",
+    config="perception.i2v_rl.configuration_tagrpo",
+    demo="perception.i2v_rl.demo:demo_section",
+    infer=[InferSpec(
+        "i2v", "perception.i2v_rl.cli:infer",
+        "image-to-video: continue IMAGE with the TAGRPO-post-trained video model (mp4, written atomically)",
+        (("image", dict(metavar="IMAGE", help="conditioning image (png / jpg; resized to the model's size)")),
+         ("--out", dict(required=True, metavar="FILE.mp4", help="output mp4")),
+         ("--policy", dict(default=None, metavar="DIR",
+                           help="post-trained policy folder (a run's <out_dir>/policy; default: the shipped one)")),
+         ("--sde", dict(action="store_true", help="sample with the SDE (eta of --eta) instead of the ODE")),
+         ("--eta", dict(type=float, default=0.7, help="SDE noise scale")),
+         ("--seed", dict(type=int, default=0, help="noise seed"))),
+    )],
+)

@@ -1,0 +1,370 @@
+"""TAGRPO: the SDE sampler's log-probabilities, ratios before the update, same-noise advantage variance, latents
+moving towards the high-reward trajectory, the memory bank, resume, the configs and `embodied infer i2v`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from core.config import TrainerConfig, compose
+from core.errors import ConfigError, DataError
+from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
+from perception.i2v_rl.grpo import (
+    BankEntry,
+    MemoryBank,
+    contrastive_loss,
+    group_advantages,
+    grpo_loss,
+    pairwise_log_ratio,
+)
+from perception.i2v_rl.policy import I2VPolicy, gaussian_logprob
+from perception.i2v_rl.rewards import CompositeReward
+from perception.i2v_rl.task import ConditioningSet, GRPORunner
+from perception.video.configuration_flexforcing import FlexForcingConfig
+from perception.video.modeling_flexforcing import FlexForcingModel
+
+TINY = FlexForcingConfig(frame_size=16, vae_channels=[8, 8], vae_norm_groups=4, dim=32, depth=2, num_heads=2,
+                         num_frames=5, sample_steps=4, max_context=1)
+
+
+def tiny_backbone(seed: int = 0) -> FlexForcingModel:
+    """A random tiny Flex-Forcing model whose zero-initialised weights (adaLN-Zero, read-out) are perturbed, so
+    that the velocity depends on its inputs."""
+    torch.manual_seed(seed)
+    model = FlexForcingModel(TINY)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.dit.parameters():
+            if p.abs().sum() == 0:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
+
+
+def tiny_policy(seed: int = 0, steps: int = 4) -> I2VPolicy:
+    return I2VPolicy(tiny_backbone(seed), steps=steps)
+
+
+def scripted_set(n: int = 4, frames: int = 5, size: int = 16, seed: int = 0) -> ConditioningSet:
+    """Clips of a bright square moving one pixel per frame on a dark background (known continuation)."""
+    g = np.random.default_rng(seed)
+    video = np.full((n, frames, 3, size, size), 30, np.uint8)
+    for i in range(n):
+        r, c = g.integers(2, size - 8, 2)
+        col = g.integers(120, 255, 3).astype(np.uint8)
+        for f in range(frames):
+            video[i, f, :, r:r + 4, c + f:c + f + 4] = col[:, None, None]
+    v = torch.from_numpy(video)
+    return ConditioningSet(v[:, 0].contiguous(), v)
+
+
+# -- the SDE sampler ----------------------------------------------------------------------------------------
+def test_rollout_log_probs_match_a_direct_gaussian_computation():
+    policy = tiny_policy()
+    pool = scripted_set(2)
+    first = policy.encode_first(pool.images)
+    traj = policy.rollout(first, policy.initial_noise(2, torch.Generator().manual_seed(0)), eta=0.7,
+                          generator=torch.Generator().manual_seed(1))
+    s = policy.steps
+    assert traj.latents.shape == (2, s + 1, 4, 4, 8, 8) and traj.log_probs.shape == (2, s)
+    for i in range(s):
+        direct = torch.distributions.Normal(traj.means[:, i].double(), traj.stds[i].double()).log_prob(
+            traj.latents[:, i + 1].double()).flatten(1).mean(1)
+        torch.testing.assert_close(traj.log_probs[:, i].double(), direct, rtol=1e-5, atol=1e-5)
+    # and the recorded means are the policy's transition at the recorded states
+    mean, std = policy.transition(first, traj.latents[:, 2], 2, eta=0.7)
+    assert torch.equal(mean, traj.means[:, 2]) and torch.equal(std, traj.stds[2])
+
+
+def test_ode_sampler_is_deterministic_and_differs_from_sde_draws():
+    policy = tiny_policy()
+    first = policy.encode_first(scripted_set(2).images)
+    noise = policy.initial_noise(2, torch.Generator().manual_seed(3))
+    a, b = policy.sample(first, noise), policy.sample(first, noise)
+    assert torch.equal(a, b)
+    sde = policy.rollout(first, noise, 0.7, torch.Generator().manual_seed(0)).final
+    assert not torch.allclose(a, sde)
+
+
+def test_decoded_video_keeps_the_given_first_frame_exactly():
+    policy = tiny_policy()
+    pool = scripted_set(2)
+    lat = policy.sample(policy.encode_first(pool.images), policy.initial_noise(2))
+    video = policy.decode_video(pool.images, lat)
+    assert video.shape == (2, 5, 3, 16, 16) and video.dtype == torch.uint8
+    assert torch.equal(video[:, 0], pool.images)
+
+
+# -- losses -------------------------------------------------------------------------------------------------
+def test_pairwise_log_ratio_matches_the_gaussian_log_prob_difference():
+    g = torch.Generator().manual_seed(0)
+    old, new, y = (torch.randn(n, 3, 4, 4, generator=g) for n in (3, 3, 5))
+    new = old + 0.1 * new
+    std = torch.tensor(0.3)
+    lr = pairwise_log_ratio(new, old, y, std)
+    direct = torch.stack([gaussian_logprob(y, new[k].expand_as(y), std) - gaussian_logprob(y, old[k].expand_as(y),
+                                                                                            std) for k in range(3)])
+    torch.testing.assert_close(lr, direct, rtol=1e-4, atol=1e-5)
+    assert torch.equal(pairwise_log_ratio(old, old.clone(), y, std), torch.zeros(3, 5))
+
+
+def test_contrastive_loss_without_the_contrast_is_grpo():
+    g = torch.Generator().manual_seed(1)
+    old = torch.randn(4, 2, 3, 3, generator=g)
+    new = (old + 0.01 * torch.randn(4, 2, 3, 3, generator=g)).requires_grad_()
+    y = torch.randn(6, 2, 3, 3, generator=g)
+    adv = torch.randn(6, generator=g)
+    a, _ = contrastive_loss(new, old, y, 0.5, adv, torch.arange(4), clip=0.2, weight=0.0)
+    b, _ = grpo_loss(new, old, y[:4], 0.5, adv[:4], clip=0.2)
+    torch.testing.assert_close(a, b)
+
+
+def test_contrastive_gradient_points_from_the_prediction_to_the_advantage_weighted_targets():
+    """At ratio 1, d(-loss)/d(mu_k) = [A_k (y_k - mu_k) + lambda mean_{j != k} A_j (y_j - mu_k)] / (K sigma^2 D)."""
+    g = torch.Generator().manual_seed(2)
+    k, j, sigma, lam = 3, 5, 0.4, 0.7
+    mu = torch.randn(k, 2, 4, generator=g)
+    y = torch.randn(j, 2, 4, generator=g)
+    adv = torch.randn(j, generator=g)
+    new = mu.clone().requires_grad_()
+    loss, st = contrastive_loss(new, mu, y, sigma, adv, torch.arange(k), clip=0.1, weight=lam)
+    assert torch.equal(st["ratio"], torch.ones(k))
+    loss.backward()
+    d = mu[0].numel()
+    expect = torch.zeros_like(mu)
+    for a in range(k):
+        expect[a] = adv[a] * (y[a] - mu[a])
+        others = [b for b in range(j) if b != a]
+        expect[a] += lam * sum(adv[b] * (y[b] - mu[a]) for b in others) / len(others)
+    torch.testing.assert_close(-new.grad, expect / (k * sigma**2 * d), rtol=1e-4, atol=1e-6)
+
+
+def test_group_advantages_are_normalised_per_group_and_reject_nan():
+    r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [5.0, 5.0, 5.0, 5.0]])
+    a = group_advantages(r)
+    torch.testing.assert_close(a[0].mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(a[0].std(unbiased=False), torch.tensor(1.0), atol=1e-5, rtol=0)
+    assert torch.equal(a[1], torch.zeros(4))
+    assert group_advantages(torch.tensor([0.0, 100.0, 0.0, 0.0]), clip=1.0).max() == 1.0
+    with pytest.raises(ValueError, match="NaN"):
+        group_advantages(torch.tensor([0.0, float("nan")]))
+
+
+# -- the memory bank ----------------------------------------------------------------------------------------
+def test_memory_bank_is_fifo_and_bounded_and_round_trips():
+    bank = MemoryBank(3)
+    for n in range(5):
+        bank.add(BankEntry(image=n % 2, noise=("same", n % 2), latents=torch.full((2, 1), float(n)), reward=n,
+                           iteration=n))
+    assert len(bank) == 3 and bank.added == 5
+    assert [e.iteration for e in bank] == [2, 3, 4]  # the two oldest were dropped
+    assert [e.iteration for e in bank.lookup(0, ("same", 0))] == [4, 2]  # newest first
+    assert [e.iteration for e in bank.lookup(0, ("same", 0), before=4)] == [2]
+    assert bank.lookup(0, ("same", 1)) == [] and bank.lookup(0, ("same", 0), limit=1)[0].iteration == 4
+    other = MemoryBank(3)
+    other.load_state_dict(bank.state_dict())
+    assert [(e.image, e.noise, e.reward, e.iteration) for e in other] == [(e.image, e.noise, e.reward, e.iteration)
+                                                                         for e in bank]
+    assert all(torch.equal(a.latents, b.latents) for a, b in zip(other, bank, strict=True))
+    with pytest.raises(ValueError, match="capacity"):
+        MemoryBank(4).load_state_dict(bank.state_dict())
+    empty = MemoryBank(0)
+    empty.add(BankEntry(0, 0, torch.zeros(1), 0.0, 0))
+    assert len(empty) == 0 and empty.added == 1
+
+
+# -- the runner ---------------------------------------------------------------------------------------------
+def _runner(tmp_path, algo: AlgoConfig, seed: int = 0, **trainer_kw) -> GRPORunner:
+    tcfg = TrainerConfig(**{"seed": seed, "max_steps": 4, "ckpt_every": 2, "log_every": 1, "tensorboard": False,
+                            "device": "cpu", "grad_clip": 1.0, **trainer_kw})
+    tcfg.optim.lr = 3e-3
+    tcfg.optim.weight_decay = 0.0
+    tcfg.scheduler.name = "constant"
+    return GRPORunner(tiny_policy(), algo, tcfg, CompositeReward({"psnr": 1.0}), scripted_set(4),
+                      scripted_set(2, seed=9), tmp_path, images_per_iteration=2, eval_every=2)
+
+
+@pytest.mark.parametrize("loss", ["contrastive", "grpo"])
+def test_ratio_is_exactly_one_before_the_first_update_and_not_after(tmp_path, loss):
+    algo = AlgoConfig(loss=loss, noise="same", group_size=4, bank_size=16, updates_per_iteration=2)
+    runner = _runner(tmp_path, algo)
+    for _ in range(3):
+        st = runner.step()
+        assert st["ratio_dev_first"] == 0.0  # bit-exact: same inputs, same batch, same weights
+        assert st["ratio_dev"] > 0.0  # the second chunk runs after an optimizer step
+    assert runner.rollouts == 3 * 2 * 4 and len(runner.bank) == 24 - 8  # 16 = capacity
+
+
+def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp_path):
+    """On a fixed model (the shipped pretrained video model, on rendered simulator clips), the spread of rewards
+    inside a group (the un-normalised advantages) is smaller when the group shares its initial noise: what is left
+    is the SDE's choices, which the policy's log-probabilities account for."""
+    from core.resources import asset
+    from perception.i2v_rl.rewards import RewardInputs
+    from sim.render.videos import make_dataset
+
+    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).eval()
+    make_dataset(tmp_path, n=6, seed=11, size=32, spp=1, test_fraction=0.0, frames=policy.frames)
+    from core.data.video import VideoClipDataset
+
+    ds = VideoClipDataset(tmp_path / "train" / "video", clip_len=policy.frames, step=10**9, cache="all")
+    ref = torch.stack([ds[i]["video"] for i in range(len(ds))])
+    reward = CompositeReward({"psnr": 1.0})
+    spreads = {}
+    for noise in ("same", "independent"):
+        g = torch.Generator().manual_seed(0)
+        var = []
+        for i in range(len(ref)):
+            imgs = ref[i:i + 1, 0].expand(8, -1, -1, -1)
+            first = policy.encode_first(imgs)
+            x0 = (policy.initial_noise(1, g).expand(8, -1, -1, -1, -1) if noise == "same"
+                  else policy.initial_noise(8, g))
+            traj = policy.rollout(first, x0.contiguous(), 0.3, g)
+            r, _ = reward(RewardInputs(policy.decode_video(imgs, traj.final), ref[i:i + 1].expand(8, -1, -1, -1, -1)))
+            var.append(float(r.var(unbiased=False)))
+        spreads[noise] = sum(var) / len(var)
+    assert spreads["same"] < 0.8 * spreads["independent"], spreads
+
+
+def test_one_update_moves_predicted_latents_towards_the_high_reward_trajectory():
+    policy = tiny_policy(2)
+    pool = scripted_set(1)
+    imgs = pool.images.expand(6, -1, -1, -1)
+    first = policy.encode_first(imgs)
+    g = torch.Generator().manual_seed(0)
+    traj = policy.rollout(first, policy.initial_noise(1, g).expand(6, -1, -1, -1, -1).contiguous(), 0.7, g)
+    rewards = torch.tensor([0.0, 1.0, 0.2, 3.0, 0.1, 0.5])  # trajectory 3 is the high-reward one
+    adv = group_advantages(rewards)
+    i = 1
+    before, std = policy.transition(first, traj.latents[:, i], i, 0.7)
+    target, worst = traj.latents[3, i + 1], traj.latents[0, i + 1]
+    opt = torch.optim.SGD(policy.trainable().parameters(), lr=0.5)
+    mean, std = policy.transition(first, traj.latents[:, i], i, 0.7)
+    loss, _ = contrastive_loss(mean, traj.means[:, i], traj.latents[:, i + 1], std, adv, torch.arange(6), clip=10.0)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        after, _ = policy.transition(first, traj.latents[:, i], i, 0.7)
+    d = lambda m, y: (m - y).flatten(1).norm(dim=1)  # noqa: E731
+    others = [0, 1, 2, 4, 5]
+    assert (d(after, target)[others] < d(before, target)[others]).all()
+    assert d(after, worst).mean() > d(before, worst).mean()
+
+
+def test_bank_targets_and_reuse_enter_the_group(tmp_path):
+    algo = AlgoConfig(loss="contrastive", noise="same", group_size=4, fresh_per_group=2, bank_size=64)
+    runner = _runner(tmp_path, algo)
+    runner.images_per_iteration = 1
+    runner.pool = scripted_set(1)  # one image: every later iteration finds banked rollouts of it
+    first = runner.step()
+    assert first["targets_per_group"] == 2 and runner.rollouts == 2  # nothing banked yet
+    runner.step()
+    third = runner.step()
+    assert runner.rollouts == 6  # two fresh rollouts per iteration only
+    assert third["targets_per_group"] == 2 + 2 + 2  # fresh + reused (G - fresh) + the bank's other rollouts
+
+
+def test_resume_after_a_kill_continues_bit_exactly(tmp_path):
+    algo = AlgoConfig(loss="contrastive", noise="same", group_size=3, bank_size=8)
+    straight = _runner(tmp_path / "a", algo)
+    straight.fit(4)
+    first = _runner(tmp_path / "b", algo)
+    first.fit(2)  # "killed" after the step-2 checkpoint
+    resumed = _runner(tmp_path / "b", algo)
+    resumed.fit(4)
+    for p, q in zip(straight.policy.trainable().parameters(), resumed.policy.trainable().parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert straight.curve == resumed.curve and resumed.rollouts == straight.rollouts
+    assert [e.iteration for e in resumed.bank] == [e.iteration for e in straight.bank]
+
+
+# -- configs and the CLI ------------------------------------------------------------------------------------
+def test_algo_configs_compose_and_validate():
+    for arm, (loss, noise) in {"tagrpo": ("contrastive", "same"), "dancegrpo": ("grpo", "independent"),
+                               "tagrpo_indep": ("contrastive", "independent"),
+                               "dancegrpo_same": ("grpo", "same"), "tagrpo_reuse": ("contrastive", "same")}.items():
+        cfg = compose(["experiment=tagrpo", f"algo={arm}"])
+        assert (cfg.algo.loss, cfg.algo.noise, cfg.algo.name) == (loss, noise, arm)
+        assert cfg.out_dir.startswith(f"outputs/tagrpo/{arm}_s")
+    with pytest.raises(ConfigError):
+        compose(["experiment=tagrpo", "algo.no_such_key=1"])
+    with pytest.raises(ConfigError, match="bank_size"):
+        AlgoConfig(fresh_per_group=2, bank_size=0)
+    with pytest.raises(ConfigError, match="group_size"):
+        AlgoConfig(group_size=1)
+    with pytest.raises(ConfigError, match="loss"):
+        AlgoConfig(loss="ppo")
+
+
+def _saved_policy(tmp_path):
+    d = tmp_path / "policy"
+    tiny_backbone().save_pretrained(d)
+    return d
+
+
+def _args(**kw):
+    base = dict(image=None, out=None, policy=None, sde=False, eta=0.7, seed=0, overwrite=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_infer_i2v_writes_the_video_and_refuses_bad_input_without_a_file(tmp_path):
+    import cv2
+
+    from core.data.video import probe_video
+    from perception.i2v_rl.cli import infer
+
+    policy_dir = _saved_policy(tmp_path)
+    img = tmp_path / "first.png"
+    cv2.imwrite(str(img), np.full((40, 30, 3), 128, np.uint8))
+    out = tmp_path / "v.mp4"
+    assert infer(_args(image=str(img), out=str(out), policy=str(policy_dir))) == 0
+    frames, _, hw = probe_video(out)
+    assert (frames, hw) == (5, (16, 16))
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(DataError, match="bad.png"):
+        infer(_args(image=str(bad), out=str(tmp_path / "b.mp4"), policy=str(policy_dir)))
+    with pytest.raises(DataError, match="no such file"):
+        infer(_args(image=str(tmp_path / "missing.png"), out=str(tmp_path / "c.mp4"), policy=str(policy_dir)))
+    assert not (tmp_path / "b.mp4").exists() and not (tmp_path / "c.mp4").exists()
+    with pytest.raises(ConfigError, match="exists"):
+        infer(_args(image=str(img), out=str(out), policy=str(policy_dir)))
+    with pytest.raises(ConfigError, match="mp4"):
+        infer(_args(image=str(img), out=str(tmp_path / "v.gif"), policy=str(policy_dir)))
+
+
+def test_policy_loads_post_trained_weights_through_the_registry(tmp_path):
+    policy_dir = _saved_policy(tmp_path)
+    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(policy_dir)))
+    ref = tiny_backbone()
+    for p, q in zip(policy.backbone.state_dict().values(), ref.state_dict().values(), strict=True):
+        assert torch.equal(p, q)
+    assert dataclasses.asdict(policy.backbone.config) == dataclasses.asdict(ref.config)
+
+
+def test_train_and_evaluate_end_to_end(tmp_path):
+    """`embodied train tagrpo` / `embodied eval tagrpo` as tasks: render, post-train, export, compare."""
+    from core.io import read_json
+    from core.pretrained import load_pretrained
+    from perception.i2v_rl import task
+
+    base = _saved_policy(tmp_path)
+    over = ["experiment=tagrpo", "debug=tiny", "algo=tagrpo_reuse", "algo.group_size=4", "algo.fresh_per_group=2",
+            f"model.base_path={base}", f"data.root={tmp_path / 'data'}", f"data.test_root={tmp_path / 'test'}",
+            "data.size=16", "data.render_n=3", "data.render_frames=6", "data.test_n=2", "data.test_frames=6",
+            "data.heldout_images=2", "data.train_images=2", "data.eval_every=2", f"out_dir={tmp_path / 'run'}"]
+    result = task.train(compose(over))
+    assert result["iteration"] == 4 and result["rollouts"] == 4 * 2 * 2
+    curve = read_json(tmp_path / "run" / "curve.json")["curve"]
+    assert [c["iteration"] for c in curve] == [0, 2, 4] and curve[-1]["rollouts"] == 16
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
+    exported = load_pretrained(tmp_path / "run" / "policy")  # a model folder of the backbone's class
+    assert type(exported).__name__ == "FlexForcingModel"
+    out = task.evaluate(compose(over))
+    assert set(out) >= {"base", "tuned", "gain"} and out["images"] == 2
+    assert out["gain"] == pytest.approx(out["tuned"]["reward"] - out["base"]["reward"])
+    with pytest.raises(ConfigError, match="no algorithm"):
+        task.train(compose([o for o in over if not o.startswith("algo")] + ["~algo"]))
