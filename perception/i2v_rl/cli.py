@@ -1,4 +1,5 @@
-"""``embodied infer i2v IMAGE --out FILE.mp4``: continue an image with the post-trained image-to-video policy.
+"""``embodied infer i2v IMAGE --out FILE.mp4``: continue an image with the post-trained image-to-video policy
+(``--checkpoint``: a run's ``<out_dir>/policy``; default the shipped ``assets/checkpoints/tagrpo``).
 
 The image is centre-cropped and resized to the policy's frame size (``core.data.imread.read_square``); the video
 (the given frame, then ``frames - 1`` generated ones) is sampled with the deterministic ODE (or the SDE with
@@ -35,9 +36,9 @@ def infer(args) -> int:
     image = Path(args.image)
     if not image.is_file():
         raise DataError(image, "no such file")
-    policy_dir = Path(args.policy) if args.policy else asset("checkpoints", "tagrpo")
+    policy_dir = Path(args.checkpoint) if getattr(args, "checkpoint", None) else asset("checkpoints", "tagrpo")
     if not policy_dir.is_dir():
-        raise DataError(policy_dir, "no such policy folder (a run's <out_dir>/policy)")
+        raise DataError(policy_dir, "no such policy folder (--checkpoint: a run's <out_dir>/policy)")
     policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(policy_dir))).eval()
     size = policy.backbone.config.frame_size
     first = read_square(image, size)  # before any output exists: a bad image leaves nothing behind

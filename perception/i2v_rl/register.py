@@ -14,8 +14,6 @@ register_method(
         "image-to-video: continue IMAGE with the TAGRPO-post-trained video model (mp4, written atomically)",
         (("image", dict(metavar="IMAGE", help="conditioning image (png / jpg; resized to the model's size)")),
          ("--out", dict(required=True, metavar="FILE.mp4", help="output mp4")),
-         ("--policy", dict(default=None, metavar="DIR",
-                           help="post-trained policy folder (a run's <out_dir>/policy; default: the shipped one)")),
          ("--sde", dict(action="store_true", help="sample with the SDE (eta of --eta) instead of the ODE")),
          ("--eta", dict(type=float, default=0.7, help="SDE noise scale")),
          ("--seed", dict(type=int, default=0, help="noise seed"))),

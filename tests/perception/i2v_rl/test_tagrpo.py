@@ -306,7 +306,7 @@ def _saved_policy(tmp_path):
 
 
 def _args(**kw):
-    base = dict(image=None, out=None, policy=None, sde=False, eta=0.7, seed=0, overwrite=False)
+    base = dict(image=None, out=None, checkpoint=None, sde=False, eta=0.7, seed=0, overwrite=False)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -320,20 +320,20 @@ def test_infer_i2v_writes_the_video_and_refuses_bad_input_without_a_file(tmp_pat
     img = tmp_path / "first.png"
     cv2.imwrite(str(img), np.full((40, 30, 3), 128, np.uint8))
     out = tmp_path / "v.mp4"
-    assert infer(_args(image=str(img), out=str(out), policy=str(policy_dir))) == 0
+    assert infer(_args(image=str(img), out=str(out), checkpoint=str(policy_dir))) == 0
     frames, _, hw = probe_video(out)
     assert (frames, hw) == (5, (16, 16))
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
     with pytest.raises(DataError, match="bad.png"):
-        infer(_args(image=str(bad), out=str(tmp_path / "b.mp4"), policy=str(policy_dir)))
+        infer(_args(image=str(bad), out=str(tmp_path / "b.mp4"), checkpoint=str(policy_dir)))
     with pytest.raises(DataError, match="no such file"):
-        infer(_args(image=str(tmp_path / "missing.png"), out=str(tmp_path / "c.mp4"), policy=str(policy_dir)))
+        infer(_args(image=str(tmp_path / "missing.png"), out=str(tmp_path / "c.mp4"), checkpoint=str(policy_dir)))
     assert not (tmp_path / "b.mp4").exists() and not (tmp_path / "c.mp4").exists()
     with pytest.raises(ConfigError, match="exists"):
-        infer(_args(image=str(img), out=str(out), policy=str(policy_dir)))
+        infer(_args(image=str(img), out=str(out), checkpoint=str(policy_dir)))
     with pytest.raises(ConfigError, match="mp4"):
-        infer(_args(image=str(img), out=str(tmp_path / "v.gif"), policy=str(policy_dir)))
+        infer(_args(image=str(img), out=str(tmp_path / "v.gif"), checkpoint=str(policy_dir)))
 
 
 def test_policy_loads_post_trained_weights_through_the_registry(tmp_path):
@@ -368,3 +368,18 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     assert out["gain"] == pytest.approx(out["tuned"]["reward"] - out["base"]["reward"])
     with pytest.raises(ConfigError, match="no algorithm"):
         task.train(compose([o for o in over if not o.startswith("algo")] + ["~algo"]))
+
+
+def test_cli_bad_image_is_one_line_and_non_zero_without_output(tmp_path):
+    import subprocess
+    import sys
+
+    policy_dir = _saved_policy(tmp_path)
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8 truncated")
+    out = tmp_path / "v.mp4"
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "infer", "i2v", str(bad), "--out", str(out),
+                        "--checkpoint", str(policy_dir)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and not out.exists()
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "broken.jpg" in lines[0], r.stderr
