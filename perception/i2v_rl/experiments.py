@@ -6,7 +6,8 @@
 Every arm post-trains the same base (the shipped Flex-Forcing model) on the same conditioning images with the
 same reward, learning rate, iterations and evaluation (``embodied train tagrpo algo=<arm> trainer.seed=<s>``);
 the seed changes the image order, the noises and the SDE draws. Runs go ``--jobs`` at a time (one thread each)
-and a run whose ``curve.json`` reaches ``--iterations`` is not rerun. ``summary.json`` / ``summary.md``: held-out
+and a run whose ``curve.json`` reaches ``--iterations`` is not rerun; each run is then scored by ``embodied eval
+tagrpo`` (three noises per held-out image, every simulator-grounded reward, base vs post-trained). ``summary.json`` / ``summary.md``: held-out
 reward against iteration and against rollouts spent (mean and spread over seeds), the gain over the base, and
 ``curve.png``.
 """
@@ -42,9 +43,13 @@ def _done(run_dir: Path, iterations: int) -> bool:
 
 def run_arm(out: Path, arm: str, seed: int, iterations: int, extra: list[str]) -> Path:
     run_dir = out / f"{arm}_s{seed}"
+    over = [f"algo={arm}", f"trainer.seed={seed}", f"trainer.max_steps={iterations}", "trainer.tensorboard=false",
+            f"out_dir={run_dir}", *extra]
     if not _done(run_dir, iterations):
-        _cli(["train", "tagrpo", f"algo={arm}", f"trainer.seed={seed}", f"trainer.max_steps={iterations}",
-              "trainer.tensorboard=false", f"out_dir={run_dir}", *extra], run_dir.with_suffix(".log"))
+        (run_dir / "eval.json").unlink(missing_ok=True)
+        _cli(["train", "tagrpo", *over], run_dir.with_suffix(".log"))
+    if not (run_dir / "eval.json").is_file():
+        _cli(["eval", "tagrpo", *over], run_dir.with_suffix(".log"))
     return run_dir
 
 
@@ -65,11 +70,17 @@ def summarise(out: Path) -> list[dict[str, Any]]:
         curve = [{"iteration": i, "rollouts": statistics.fmean(b[i]["rollouts"] for b in by),
                   **_stats([b[i]["reward"] for b in by])} for i in its]
         gains = [b[its[-1]]["reward"] - b[0]["reward"] for b in by]
+        evals = [read_json(f) for f in sorted(out.glob(f"{arm}_s*/eval.json"))]
+        diag = {}
+        if evals:
+            diag = {w: {k: _stats([e[w]["diagnostics"][k] for e in evals]) for k in evals[0][w]["diagnostics"]}
+                    for w in ("base", "tuned")}
         rows.append({"arm": arm, "seeds": len(cs), "curve": curve, "base": statistics.fmean(b[0]["reward"] for b in by),
                      "final": _stats([b[its[-1]]["reward"] for b in by]), "gain": _stats(gains),
                      "gain_per_seed": [round(g, 4) for g in gains],
                      "best_gain": _stats([max(p["reward"] for p in b.values()) - b[0]["reward"] for b in by]),
-                     "rollouts": curve[-1]["rollouts"], "iterations": its[-1]})
+                     "rollouts": curve[-1]["rollouts"], "iterations": its[-1], "diagnostics": diag,
+                     "eval_gain": _stats([e["gain"] for e in evals]) if evals else None})
     order = {a: i for i, a in enumerate((*ARMS, "tagrpo_reuse"))}
     return sorted(rows, key=lambda r: order.get(r["arm"], 99))
 

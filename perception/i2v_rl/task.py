@@ -19,7 +19,7 @@ iterations; a killed run resumes from the newest. The final policy is exported t
 folder of the backbone's class, loadable by ``core.pretrained.load_pretrained``).
 
 evaluate: the held-out images on ``data.eval_seed`` + ``range(eval_noises)`` noises, base model vs post-trained
-policy, every reward term and the pixel PSNR -> ``<out_dir>/eval.json``.
+policy: the trained reward and every simulator-grounded reward (``DIAGNOSTICS``) -> ``<out_dir>/eval.json``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPODataConfig,
 log = get_logger("embodied.tagrpo")
 
 POLICY_DIR = "policy"
+# Every simulator-grounded reward, reported by ``evaluate`` beside the trained one: a gain in the trained reward
+# that comes with worse motion (trajectory), jerkier or blurrier frames (smoothness, feature) would show here.
+DIAGNOSTICS = ("psnr", "trajectory", "smoothness", "goal", "feature")
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -89,14 +92,16 @@ def image_noise(policy, image: int, seed: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------------ reward
 @torch.no_grad()
-def heldout_reward(policy, reward, heldout: ConditioningSet, seed: int, batch: int = 64) -> dict[str, Any]:
-    """Mean reward (and terms, and per image) of ODE samples on the held-out images from fixed noise of ``seed``."""
+def heldout_reward(policy, reward, heldout: ConditioningSet, seed: int, batch: int = 64,
+                   diagnostics=None) -> dict[str, Any]:
+    """Mean reward (and terms, and per image) of ODE samples on the held-out images from fixed noise of ``seed``;
+    ``diagnostics`` (a ``CompositeReward``) scores the same videos with other rewards, reported as ``diag``."""
     from perception.i2v_rl.rewards import RewardInputs
 
     device = policy.grid.device
     g = torch.Generator().manual_seed(10_007 * (seed + 1))
     noise = policy.initial_noise(len(heldout), g)
-    totals, terms = [], {}
+    totals, terms, diag = [], {}, {}
     for s in range(0, len(heldout), batch):
         imgs = heldout.images[s:s + batch].to(device)
         lat = policy.sample(policy.encode_first(imgs), noise[s:s + batch])
@@ -105,8 +110,12 @@ def heldout_reward(policy, reward, heldout: ConditioningSet, seed: int, batch: i
         totals.append(total.cpu())
         for k, v in parts.items():
             terms.setdefault(k, []).append(v.cpu())
+        if diagnostics is not None:
+            for k, v in diagnostics(RewardInputs(video, heldout.reference[s:s + batch]))[1].items():
+                diag.setdefault(k, []).append(v.cpu())
     per_image = torch.cat(totals)
     return {"reward": float(per_image.mean()), "terms": {k: float(torch.cat(v).mean()) for k, v in terms.items()},
+            "diag": {k: float(torch.cat(v).mean()) for k, v in diag.items()},
             "per_image": [round(float(x), 4) for x in per_image]}
 
 
@@ -358,7 +367,7 @@ def train(cfg) -> dict[str, Any]:
 def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
     """Held-out rewards of the base model and the post-trained policy on the same images and noises."""
     from core.distributed import resolve_device
-    from perception.i2v_rl.rewards import CompositeReward, PSNRReward, RewardInputs  # noqa: F401
+    from perception.i2v_rl.rewards import CompositeReward
 
     _, model_cfg, data, tcfg = _configs(cfg)
     device = resolve_device(tcfg.device)
@@ -367,18 +376,21 @@ def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
         raise DataError(tuned_path, "no post-trained policy (run `embodied train tagrpo` first or set "
                                     "eval.checkpoint)")
     reward = CompositeReward(dict(data.rewards))
+    diagnostics = CompositeReward(dict.fromkeys(DIAGNOSTICS, 1.0))
     base = build_policy(model_cfg, data, device)
     heldout = conditioning_set(data, base.frames, "test")
     out: dict[str, Any] = {"policy": tuned_path, "base": model_cfg.base_path, "rewards": dict(data.rewards),
                            "images": len(heldout), "noises": eval_noises}
     for name, weights in (("base", None), ("tuned", tuned_path)):
         policy = base if weights is None else build_policy(model_cfg, data, device, weights)
-        runs = [heldout_reward(policy, reward, heldout, data.eval_seed + s) for s in range(eval_noises)]
+        runs = [heldout_reward(policy, reward, heldout, data.eval_seed + s, diagnostics=diagnostics)
+                for s in range(eval_noises)]
         vals = [r["reward"] for r in runs]
         mean = sum(vals) / len(vals)
         out[name] = {"reward": mean,
                      "reward_std": math.sqrt(sum((v - mean) ** 2 for v in vals) / max(len(vals) - 1, 1)),
-                     "terms": {k: sum(r["terms"][k] for r in runs) / len(runs) for k in runs[0]["terms"]}}
+                     "terms": {k: sum(r["terms"][k] for r in runs) / len(runs) for k in runs[0]["terms"]},
+                     "diagnostics": {k: sum(r["diag"][k] for r in runs) / len(runs) for k in runs[0]["diag"]}}
         log.info("%s: held-out reward %.4f", name, mean)
     out["gain"] = out["tuned"]["reward"] - out["base"]["reward"]
     write_json(Path(cfg.out_dir) / "eval.json", out)
