@@ -19,7 +19,8 @@ iterations; a killed run resumes from the newest. The final policy is exported t
 folder of the backbone's class, loadable by ``core.pretrained.load_pretrained``).
 
 evaluate: the held-out images on ``data.eval_seed`` + ``range(eval_noises)`` noises, base model vs post-trained
-policy: the trained reward and every simulator-grounded reward (``DIAGNOSTICS``) -> ``<out_dir>/eval.json``.
+policy: the trained reward and every simulator-grounded reward (``DIAGNOSTICS``), and two references (the first
+frame held still; the truth through the VAE, the ceiling of decoded latents) -> ``<out_dir>/eval.json``.
 """
 
 from __future__ import annotations
@@ -364,6 +365,20 @@ def train(cfg) -> dict[str, Any]:
             "reward_after": last["reward"], "policy": str(out_dir / POLICY_DIR)}
 
 
+@torch.no_grad()
+def reference_rewards(policy, reward, heldout: ConditioningSet) -> dict[str, float]:
+    """Rewards of two non-generative references on the held-out set: ``static`` (the first frame repeated: no
+    motion at all) and ``vae_reconstruction`` (the simulator's own continuation through the backbone's VAE: the
+    ceiling of anything decoded from its latents)."""
+    from perception.i2v_rl.rewards import RewardInputs
+
+    static = heldout.images[:, None].expand_as(heldout.reference).contiguous()
+    recon = policy.backbone.decode(policy.backbone.encode(heldout.reference.to(policy.grid.device))).cpu()
+    recon[:, 0] = heldout.reference[:, 0]
+    return {"static": float(reward(RewardInputs(static, heldout.reference))[0].mean()),
+            "vae_reconstruction": float(reward(RewardInputs(recon, heldout.reference))[0].mean())}
+
+
 def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
     """Held-out rewards of the base model and the post-trained policy on the same images and noises."""
     from core.distributed import resolve_device
@@ -393,5 +408,6 @@ def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
                      "diagnostics": {k: sum(r["diag"][k] for r in runs) / len(runs) for k in runs[0]["diag"]}}
         log.info("%s: held-out reward %.4f", name, mean)
     out["gain"] = out["tuned"]["reward"] - out["base"]["reward"]
+    out["references"] = reference_rewards(base, reward, heldout)
     write_json(Path(cfg.out_dir) / "eval.json", out)
     return out

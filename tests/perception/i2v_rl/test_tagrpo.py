@@ -367,6 +367,7 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     assert set(out) >= {"base", "tuned", "gain"} and out["images"] == 2
     assert out["gain"] == pytest.approx(out["tuned"]["reward"] - out["base"]["reward"])
     assert set(out["tuned"]["diagnostics"]) == set(task.DIAGNOSTICS)
+    assert set(out["references"]) == {"static", "vae_reconstruction"}
     assert out["tuned"]["diagnostics"]["psnr"] == pytest.approx(out["tuned"]["reward"])  # the trained reward is psnr
     with pytest.raises(ConfigError, match="no algorithm"):
         task.train(compose([o for o in over if not o.startswith("algo")] + ["~algo"]))
