@@ -170,3 +170,23 @@ def _plain(obj: Any) -> Any:
     from core.io import _json_default
 
     return json.loads(json.dumps(obj, default=_json_default, sort_keys=True))
+
+
+def output_file(path: str | Path, suffix: str, overwrite: bool = False) -> Path:
+    """The single-file counterpart of ``claim_output`` (``embodied infer video|i2v --out FILE.mp4``): ``path``
+    must end in ``suffix`` and must not exist unless ``overwrite``; the command then writes it atomically
+    (e.g. ``core.data.video.write_mp4``), so a failure leaves no partial file.
+
+    Raises:
+        ConfigError: One line naming ``--out`` and what is wrong.
+    """
+    from core.errors import ConfigError
+
+    path = Path(path)
+    if path.suffix.lower() != suffix.lower():
+        raise ConfigError(f"--out: expected a {suffix} file, got {path}")
+    if path.is_dir():
+        raise ConfigError(f"--out: {path} is a folder, expected a {suffix} file")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"--out: {path} exists; pass --overwrite to replace it")
+    return path

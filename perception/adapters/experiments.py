@@ -14,25 +14,15 @@ loss per noise level and FD-EffNet, mean and spread over seeds, next to the unad
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from core.experiments import mean_sd, run_cli
 from core.io import read_json, write_json, write_text
 
 ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora")
-
-
-def _cli(args: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        subprocess.run([sys.executable, "-m", "embodied.cli", *args], check=True, env=env, stdout=f,
-                       stderr=subprocess.STDOUT)
 
 
 def run_arm(out: Path, kind: str, size: int, arm: str, seed: int, steps: int, extra: list[str]) -> Path:
@@ -42,8 +32,8 @@ def run_arm(out: Path, kind: str, size: int, arm: str, seed: int, steps: int, ex
                  f"trainer.seed={seed}", f"trainer.max_steps={steps}", "trainer.progress=false", f"out_dir={run_dir}",
                  *extra]
     if not (run_dir / "eval.json").is_file():
-        _cli(["train", "fera", *overrides], run_dir.with_suffix(".log"))
-        _cli(["eval", "fera", *overrides], run_dir.with_suffix(".log"))
+        run_cli(["train", "fera", *overrides], run_dir.with_suffix(".log"))
+        run_cli(["eval", "fera", *overrides], run_dir.with_suffix(".log"))
     return run_dir
 
 
@@ -56,18 +46,14 @@ def collect(out: Path) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
     return results
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
-
-
 def summarise(results: dict[tuple[str, int, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
     for (kind, size, arm), evals in sorted(results.items()):
         levels = list(evals[0]["heldout_loss"])
         row = {"backbone": kind, "size": size, "arm": arm, "seeds": len(evals),
                "trainable_parameters": evals[0]["trainable_parameters"],
-               "fd": _stats([e["fd"] for e in evals]),
-               "loss": {lv: _stats([e["heldout_loss"][lv] for e in evals]) for lv in levels},
+               "fd": mean_sd([e["fd"] for e in evals]),
+               "loss": {lv: mean_sd([e["heldout_loss"][lv] for e in evals]) for lv in levels},
                "base": evals[0]["base"]}
         curves = [{p["step"]: p["mean"] for p in e.get("curve", [])} for e in evals]
         steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []

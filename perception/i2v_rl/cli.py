@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.errors import ConfigError, DataError
+from core.outputs import output_file
 
 FPS = 15
 
@@ -26,11 +27,7 @@ def infer(args) -> int:
     from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
     from perception.i2v_rl.policy import I2VPolicy
 
-    out = Path(args.out)
-    if out.suffix.lower() != ".mp4":
-        raise ConfigError(f"--out: expected a .mp4 file, got {out}")
-    if out.exists() and not getattr(args, "overwrite", False):
-        raise ConfigError(f"--out: {out} exists; pass --overwrite to replace it")
+    out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
     if args.eta <= 0:
         raise ConfigError(f"--eta: must be > 0, got {args.eta}")
     image = Path(args.image)

@@ -15,25 +15,15 @@ reward against iteration and against rollouts spent (mean and spread over seeds)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from core.experiments import mean_sd, run_cli
 from core.io import read_json, write_json, write_text
 
 ARMS = ("tagrpo", "dancegrpo", "tagrpo_indep", "dancegrpo_same")
-
-
-def _cli(args: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        subprocess.run([sys.executable, "-m", "embodied.cli", *args], check=True, env=env, stdout=f,
-                       stderr=subprocess.STDOUT)
 
 
 def _done(run_dir: Path, iterations: int) -> bool:
@@ -47,14 +37,10 @@ def run_arm(out: Path, arm: str, seed: int, iterations: int, extra: list[str]) -
             f"out_dir={run_dir}", *extra]
     if not _done(run_dir, iterations):
         (run_dir / "eval.json").unlink(missing_ok=True)
-        _cli(["train", "tagrpo", *over], run_dir.with_suffix(".log"))
+        run_cli(["train", "tagrpo", *over], run_dir.with_suffix(".log"))
     if not (run_dir / "eval.json").is_file():
-        _cli(["eval", "tagrpo", *over], run_dir.with_suffix(".log"))
+        run_cli(["eval", "tagrpo", *over], run_dir.with_suffix(".log"))
     return run_dir
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 def summarise(out: Path) -> list[dict[str, Any]]:
@@ -68,19 +54,19 @@ def summarise(out: Path) -> list[dict[str, Any]]:
         its = sorted(set.intersection(*({p["iteration"] for p in c["curve"]} for c in cs)))
         by = [{p["iteration"]: p for p in c["curve"]} for c in cs]
         curve = [{"iteration": i, "rollouts": statistics.fmean(b[i]["rollouts"] for b in by),
-                  **_stats([b[i]["reward"] for b in by])} for i in its]
+                  **mean_sd([b[i]["reward"] for b in by])} for i in its]
         gains = [b[its[-1]]["reward"] - b[0]["reward"] for b in by]
         evals = [read_json(f) for f in sorted(out.glob(f"{arm}_s*/eval.json"))]
         diag = {}
         if evals:
-            diag = {w: {k: _stats([e[w]["diagnostics"][k] for e in evals]) for k in evals[0][w]["diagnostics"]}
+            diag = {w: {k: mean_sd([e[w]["diagnostics"][k] for e in evals]) for k in evals[0][w]["diagnostics"]}
                     for w in ("base", "tuned")}
         rows.append({"arm": arm, "seeds": len(cs), "curve": curve, "base": statistics.fmean(b[0]["reward"] for b in by),
-                     "final": _stats([b[its[-1]]["reward"] for b in by]), "gain": _stats(gains),
+                     "final": mean_sd([b[its[-1]]["reward"] for b in by]), "gain": mean_sd(gains),
                      "gain_per_seed": [round(g, 4) for g in gains],
-                     "best_gain": _stats([max(p["reward"] for p in b.values()) - b[0]["reward"] for b in by]),
+                     "best_gain": mean_sd([max(p["reward"] for p in b.values()) - b[0]["reward"] for b in by]),
                      "rollouts": curve[-1]["rollouts"], "iterations": its[-1], "diagnostics": diag,
-                     "eval_gain": _stats([e["gain"] for e in evals]) if evals else None})
+                     "eval_gain": mean_sd([e["gain"] for e in evals]) if evals else None})
     order = {a: i for i, a in enumerate((*ARMS, "tagrpo_reuse"))}
     return sorted(rows, key=lambda r: order.get(r["arm"], 99))
 
@@ -135,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every run (k=v)")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--ship", action="store_true",
+                   help="copy tagrpo seed-0's policy to assets/checkpoints/tagrpo and the table + curves to "
+                        "assets/samples/tagrpo/comparison.json (what the demo shows)")
     a = p.parse_args(argv)
     if not a.summary_only:
         jobs = [(arm, s) for s in a.seeds for arm in a.arms]
@@ -146,7 +135,29 @@ def main(argv: list[str] | None = None) -> int:
     write_text(a.out / "summary.md", table(rows))
     plot(rows, a.out / "curve.png")
     print(table(rows))
+    if a.ship:
+        ship(a.out, rows, a.seeds[0], a.iterations, a.extra)
     return 0
+
+
+def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extra: list[str]) -> None:
+    """The demo's assets: TAGRPO's post-trained policy (seed ``seed``) and the recorded comparison."""
+    import shutil
+
+    from core.io import atomic_dir
+    from core.resources import asset
+
+    src = out / f"tagrpo_s{seed}" / "policy"
+    with atomic_dir(asset("checkpoints", "tagrpo")) as tmp:
+        for f in src.iterdir():
+            shutil.copyfile(f, tmp / f.name)
+    command = (f"python -m perception.i2v_rl.experiments --seeds {' '.join(str(r) for r in range(rows[0]['seeds']))} "
+               f"--iterations {iterations} --arms {' '.join(r['arm'] for r in rows)}"
+               + (f" --extra {' '.join(extra)}" if extra else ""))
+    note = ("Held-out reward: PSNR (dB) of ODE samples against the simulator's continuation of 24 unseen first "
+            "frames, fixed noise; base = the shipped Flex-Forcing model. Same images, reward, lr, iterations for "
+            "every arm; tagrpo_reuse samples half of each group anew and reuses the bank for the rest.")
+    write_json(asset("samples", "tagrpo") / "comparison.json", {"command": command, "note": note, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import ConfigError, DataError
+from core.outputs import output_file
 from core.resources import asset
 
 DEFAULT_CHECKPOINT = asset("checkpoints", "flexforcing")
@@ -38,11 +39,7 @@ def infer(args) -> int:
     from perception.video.modeling_flexforcing import FlexForcingModel
     from perception.video.sampling import generate, supported_regimes
 
-    out = Path(args.out)
-    if out.suffix.lower() != ".mp4":
-        raise ConfigError(f"--out: expected a .mp4 file, got {out}")
-    if out.exists() and not getattr(args, "overwrite", False):
-        raise ConfigError(f"--out: {out} exists; pass --overwrite to replace it")
+    out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
     if args.frames is None or args.frames < 2:
         raise ConfigError(f"--frames: must be >= 2 (the first frame plus at least one new one), got {args.frames}")
     if args.steps is not None and args.steps < 1:

@@ -107,3 +107,19 @@ def test_lock_folder_excludes_a_concurrent_writer(tmp_path):
             pass
     with claim_output(tmp_path / "run", command="t"):
         pass
+
+
+def test_output_file_checks_suffix_existence_and_folders(tmp_path):
+    from core.errors import ConfigError
+    from core.outputs import output_file
+
+    assert output_file(tmp_path / "a.MP4", ".mp4") == tmp_path / "a.MP4"
+    with pytest.raises(ConfigError, match="expected a .mp4 file"):
+        output_file(tmp_path / "a.gif", ".mp4")
+    (tmp_path / "b.mp4").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="exists; pass --overwrite"):
+        output_file(tmp_path / "b.mp4", ".mp4")
+    assert output_file(tmp_path / "b.mp4", ".mp4", overwrite=True).read_bytes() == b"x"  # untouched until written
+    (tmp_path / "c.mp4").mkdir()
+    with pytest.raises(ConfigError, match="is a folder"):
+        output_file(tmp_path / "c.mp4", ".mp4", overwrite=True)
