@@ -386,3 +386,20 @@ def test_cli_bad_image_is_one_line_and_non_zero_without_output(tmp_path):
     assert r.returncode != 0 and not out.exists()
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "broken.jpg" in lines[0], r.stderr
+
+
+def test_experiment_summary_aggregates_seeds_by_iteration(tmp_path):
+    from core.io import write_json
+    from perception.i2v_rl.experiments import summarise, table
+
+    for seed, (r0, r1) in enumerate([(10.0, 11.0), (10.0, 13.0)]):
+        d = tmp_path / f"tagrpo_s{seed}"
+        curve = [{"iteration": 0, "rollouts": 0, "reward": r0}, {"iteration": 5, "rollouts": 80, "reward": r1}]
+        write_json(d / "curve.json", {"algo": {"name": "tagrpo"}, "curve": curve})
+        write_json(d / "eval.json", {"gain": r1 - r0, "base": {"diagnostics": {"psnr": r0}},
+                                     "tuned": {"diagnostics": {"psnr": r1}}})
+    (row,) = summarise(tmp_path)
+    assert row["arm"] == "tagrpo" and row["seeds"] == 2 and row["iterations"] == 5 and row["rollouts"] == 80
+    assert row["final"]["mean"] == 12.0 and row["final"]["sd"] == pytest.approx(2**0.5)
+    assert row["gain_per_seed"] == [1.0, 3.0] and row["diagnostics"]["tuned"]["psnr"]["mean"] == 12.0
+    assert "| tagrpo | 2 | 5 | 80 |" in table([row])
