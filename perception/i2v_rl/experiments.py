@@ -65,6 +65,12 @@ def summarise(out: Path) -> list[dict[str, Any]]:
                      "final": mean_sd([b[its[-1]]["reward"] for b in by]), "gain": mean_sd(gains),
                      "gain_per_seed": [round(g, 4) for g in gains],
                      "best_gain": mean_sd([max(p["reward"] for p in b.values()) - b[0]["reward"] for b in by]),
+                     # mean gain over the evaluations after the start (area under the gain curve / length): "faster"
+                     "mean_gain": mean_sd([statistics.fmean(b[i]["reward"] - b[0]["reward"] for i in its[1:])
+                                           for b in by]),
+                     # evaluations where the held-out reward fell by more than 0.01 dB: "consistent"
+                     "drops": mean_sd([float(sum(b[i]["reward"] < b[j]["reward"] - 0.01 for j, i in
+                                                 zip(its, its[1:], strict=False))) for b in by]),
                      "rollouts": curve[-1]["rollouts"], "iterations": its[-1], "diagnostics": diag,
                      "eval_gain": mean_sd([e["gain"] for e in evals]) if evals else None})
     order = {a: i for i, a in enumerate((*ARMS, "tagrpo_reuse"))}
@@ -103,12 +109,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| arm | seeds | iterations | rollouts | base | final (mean ± sd) | gain (mean ± sd) | gain per seed |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| arm | seeds | iterations | rollouts | base | final (mean ± sd) | gain (mean ± sd) | gain per seed | "
+             "mean gain over the curve | drops |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['seeds']} | {r['iterations']} | {r['rollouts']:.0f} | {r['base']:.3f} | "
                      f"{r['final']['mean']:.3f} ± {r['final']['sd']:.3f} | {r['gain']['mean']:+.3f} ± "
-                     f"{r['gain']['sd']:.3f} | {', '.join(f'{g:+.3f}' for g in r['gain_per_seed'])} |")
+                     f"{r['gain']['sd']:.3f} | {', '.join(f'{g:+.3f}' for g in r['gain_per_seed'])} | "
+                     f"{r['mean_gain']['mean']:+.3f} ± {r['mean_gain']['sd']:.3f} | {r['drops']['mean']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
