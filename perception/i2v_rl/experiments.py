@@ -166,6 +166,7 @@ def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extr
             "frames, fixed noise; base = the shipped Flex-Forcing model. Same images, reward, lr, iterations for "
             "every arm; tagrpo_reuse samples half of each group anew and reuses the bank for the rest.")
     write_json(asset("samples", "tagrpo") / "comparison.json", {"command": command, "note": note, "rows": rows})
+    plot(rows, asset("samples", "tagrpo") / "curve.png")
 
 
 if __name__ == "__main__":

@@ -356,6 +356,10 @@ def train(cfg) -> dict[str, Any]:
         card={"post_training": f"{algo.name} (perception/i2v_rl), {result['iteration']} iterations, "
                                f"{result['rollouts']} rollouts",
               "base": model_cfg.base_path,
+              "command": f"embodied train tagrpo algo={algo.name} trainer.seed={tcfg.seed} "
+                         f"trainer.max_steps={tcfg.max_steps}",
+              "training_domain": "first frames of simulator motion clips (sim.render.videos), "
+                                 f"{data.size} px; reward {dict(data.rewards)} against their continuation",
               "metrics": {"heldout_reward_before": round(first["reward"], 4),
                           "heldout_reward_after": round(last["reward"], 4), "rewards": dict(data.rewards)}},
         body="Image-to-video policy post-trained by `embodied train tagrpo` (see perception/i2v_rl/README.md).\n")
