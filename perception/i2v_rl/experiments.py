@@ -15,6 +15,7 @@ reward against iteration and against rollouts spent (mean and spread over seeds)
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,7 +57,8 @@ def summarise(out: Path) -> list[dict[str, Any]]:
         curve = [{"iteration": i, "rollouts": statistics.fmean(b[i]["rollouts"] for b in by),
                   **mean_sd([b[i]["reward"] for b in by])} for i in its]
         gains = [b[its[-1]]["reward"] - b[0]["reward"] for b in by]
-        evals = [read_json(f) for f in sorted(out.glob(f"{arm}_s*/eval.json"))]
+        evals = [read_json(f) for f in sorted(out.glob(f"{arm}_s*/eval.json"))
+                 if re.fullmatch(rf"{re.escape(arm)}_s\d+", f.parent.name)]  # not dancegrpo_same for dancegrpo
         diag = {}
         if evals:
             diag = {w: {k: mean_sd([e[w]["diagnostics"][k] for e in evals]) for k in evals[0][w]["diagnostics"]}

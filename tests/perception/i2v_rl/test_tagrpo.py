@@ -398,8 +398,13 @@ def test_experiment_summary_aggregates_seeds_by_iteration(tmp_path):
         write_json(d / "curve.json", {"algo": {"name": "tagrpo"}, "curve": curve})
         write_json(d / "eval.json", {"gain": r1 - r0, "base": {"diagnostics": {"psnr": r0}},
                                      "tuned": {"diagnostics": {"psnr": r1}}})
-    (row,) = summarise(tmp_path)
+    other = tmp_path / "tagrpo_same_s0"  # another arm whose folder starts like this one's
+    write_json(other / "curve.json", {"algo": {"name": "tagrpo_same"}, "curve": curve})
+    write_json(other / "eval.json", {"gain": 99.0, "base": {"diagnostics": {"psnr": 0.0}},
+                                     "tuned": {"diagnostics": {"psnr": 99.0}}})
+    row, _ = sorted(summarise(tmp_path), key=lambda r: r["arm"])
     assert row["arm"] == "tagrpo" and row["seeds"] == 2 and row["iterations"] == 5 and row["rollouts"] == 80
     assert row["final"]["mean"] == 12.0 and row["final"]["sd"] == pytest.approx(2**0.5)
     assert row["gain_per_seed"] == [1.0, 3.0] and row["diagnostics"]["tuned"]["psnr"]["mean"] == 12.0
+    assert row["eval_gain"]["mean"] == 2.0  # the other arm's eval.json is not mixed in
     assert "| tagrpo | 2 | 5 | 80 |" in table([row])
