@@ -159,7 +159,7 @@ class I2VPolicy(nn.Module):
             latents.append(x)
             means.append(mean)
             stds.append(std)
-            logps.append(gaussian_logprob(x, mean, std) if std > 0 else torch.zeros(len(x), device=x.device))
+            logps.append(st.log_prob / x[0].numel())  # sde_step's summed log-density, as a per-element mean
         return Trajectory(torch.stack(latents, 1), torch.stack(means, 1), torch.stack(stds), torch.stack(logps, 1))
 
     @torch.no_grad()
