@@ -1,0 +1,40 @@
+"""The workspace's vision-language-model toolkit (shared by the forensics and driving VLAs).
+
+- ``tokenizer``: an offline byte-level BPE tokenizer (``tokenizers``) with the Qwen-VL special tokens.
+- ``processor``: images -> the vision tower's patches (``patchify``, the HF Qwen2-VL layout, batched in torch)
+  and the HF image processor saved with checkpoints.
+- ``template``: the ChatML one-image template; ``encode`` gives ids + answer-only labels.
+- ``collate``: padded batches of variable-length sequences (``vlm_collate``).
+- ``modeling``: tiny Qwen2.5-VL / Qwen3-VL configs (``VLMConfig``), ``load_vlm`` / ``save_vlm`` for local
+  folders, the model's parts (vision tower, decoder layers), answer log-probabilities and the next-token loss.
+"""
+
+from core.vlm.collate import pad_sequences, vlm_collate
+from core.vlm.modeling import (
+    FAMILIES,
+    VLMConfig,
+    answer_logprob,
+    build_vlm,
+    count_parameters,
+    decoder_layers,
+    encode_images,
+    image_token_id,
+    language_model,
+    load_vlm,
+    next_token_loss,
+    patch_spec_of,
+    save_vlm,
+    vision_tower,
+    vlm_inputs,
+)
+from core.vlm.processor import PatchSpec, image_processor, patchify, to_tensor
+from core.vlm.template import IGNORE, decode_answer, encode, prompt_text
+from core.vlm.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer, token_id
+
+__all__ = [
+    "FAMILIES", "IGNORE", "SPECIAL_TOKENS", "PatchSpec", "VLMConfig", "answer_logprob", "build_tokenizer",
+    "build_vlm", "count_parameters", "decode_answer", "decoder_layers", "encode", "encode_images",
+    "image_processor", "image_token_id", "language_model", "load_tokenizer", "load_vlm", "next_token_loss",
+    "pad_sequences", "patch_spec_of", "patchify", "prompt_text", "save_vlm", "to_tensor", "token_id",
+    "vision_tower", "vlm_collate", "vlm_inputs",
+]

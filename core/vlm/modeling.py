@@ -1,0 +1,274 @@
+"""Vision-language models through ``transformers``: tiny configs of the Qwen-VL classes, local-folder loading,
+saving, and the few generic operations a method needs (the parts of the model, answer log-probabilities, greedy
+answers).
+
+Two reference families, the classes users have weights for:
+
+============  ===============================================  =========================================
+family        transformers classes                             paper-size example
+============  ===============================================  =========================================
+qwen2_5_vl    ``Qwen2_5_VLConfig``, ``Qwen2_5_VLForConditionalGeneration``  Qwen2.5-VL-7B (28 layers, 3584)
+qwen3_vl      ``Qwen3VLConfig``, ``Qwen3VLForConditionalGeneration``        Qwen3-VL-8B
+============  ===============================================  =========================================
+
+A user's model is a local folder written by ``save_pretrained`` (``config.json`` + safetensors +
+``tokenizer.json`` + ``preprocessor_config.json``): ``load_vlm(folder)``. Nothing is downloaded
+(``local_files_only``). Tests and CPU training build the same classes at a tiny size from ``VLMConfig``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import CheckpointError, ConfigError
+from core.vlm.processor import PatchSpec, image_processor
+from core.vlm.template import IGNORE
+from core.vlm.tokenizer import IMAGE_PAD, SPECIAL_TOKENS, VIDEO_PAD, VISION_END, VISION_START, token_id
+
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+
+
+def _classes(family: str) -> tuple[type, type]:
+    import transformers
+
+    if family == "qwen2_5_vl":
+        return transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration
+    if family == "qwen3_vl":
+        return transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration
+    raise ConfigError(f"unknown VLM family {family!r}; choose from {FAMILIES}")
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Split of the rotary half-dimension between (time, height, width), in Qwen-VL's 1/4, 3/8, 3/8 ratio."""
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
+@dataclass
+class VLMConfig:
+    """Sizes of a Qwen-VL-class model built from scratch (every size a config value).
+
+    The special-token ids must match the tokenizer (``core.vlm.tokenizer.SPECIAL_TOKENS`` order gives 0..6).
+    """
+
+    family: str = "qwen2_5_vl"
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 8
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vision_depth: int = 4
+    vision_hidden: int = 96
+    vision_intermediate: int = 192
+    vision_heads: int = 4
+    patch_size: int = 8
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    max_positions: int = 1024
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"model.vlm.family must be one of {FAMILIES}, got {self.family!r}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ConfigError("model.vlm: hidden_size must divide by num_heads, num_heads by num_kv_heads")
+        if self.vision_hidden % self.vision_heads:
+            raise ConfigError("model.vlm: vision_hidden must divide by vision_heads")
+
+    def hf_config(self) -> Any:
+        """The ``transformers`` config of this size (special-token ids from ``SPECIAL_TOKENS``' order)."""
+        config_cls, _ = _classes(self.family)
+        ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+        head_dim = self.hidden_size // self.num_heads
+        text = dict(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                    intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+                    num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+                    max_position_embeddings=self.max_positions, tie_word_embeddings=self.tie_word_embeddings,
+                    bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+        vision = dict(depth=self.vision_depth, hidden_size=self.vision_hidden,
+                      intermediate_size=self.vision_intermediate, num_heads=self.vision_heads,
+                      out_hidden_size=self.hidden_size, patch_size=self.patch_size,
+                      spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size)
+        if self.family == "qwen2_5_vl":
+            text["rope_scaling"] = {"type": "mrope", "mrope_section": mrope_section(head_dim)}
+            vision["fullatt_block_indexes"] = list(range(self.vision_depth))  # small images: one window anyway
+            vision["window_size"] = self.patch_size * self.merge_size * 64
+        else:
+            text["rope_scaling"] = {"rope_type": "default", "mrope_section": mrope_section(head_dim),
+                                    "mrope_interleaved": True}
+            text["head_dim"] = head_dim
+            vision["deepstack_visual_indexes"] = []
+            vision["num_position_embeddings"] = max(64, (self.max_positions // 4))
+        cfg = config_cls(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
+                         video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
+                         vision_end_token_id=ids[VISION_END], tie_word_embeddings=self.tie_word_embeddings)
+        return cfg
+
+    def patch_spec(self, image_size: int) -> PatchSpec:
+        return PatchSpec(image_size=image_size, patch_size=self.patch_size, merge_size=self.merge_size,
+                         temporal_patch_size=self.temporal_patch_size)
+
+
+def build_vlm(cfg: VLMConfig) -> nn.Module:
+    """A randomly initialised model of ``cfg``'s family and size."""
+    _, model_cls = _classes(cfg.family)
+    return model_cls(cfg.hf_config())
+
+
+def family_of(model: nn.Module) -> str:
+    kind = getattr(model.config, "model_type", "")
+    if kind in FAMILIES:
+        return kind
+    raise ConfigError(f"unsupported VLM type {kind!r}; supported: {FAMILIES}")
+
+
+# -- the parts of a model ----------------------------------------------------------------------------------------
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The ViT + merger (``model.model.visual``): pixel patches -> LLM-width image tokens."""
+    return model.model.visual
+
+
+def language_model(model: nn.Module) -> nn.Module:
+    return model.model.language_model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The LLM's decoder layers, in order (layer k's output is hidden state k + 1)."""
+    return model.model.language_model.layers
+
+
+def image_token_id(model: nn.Module) -> int:
+    return int(model.config.image_token_id)
+
+
+def encode_images(model_or_tower: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """Run a vision tower on patches -> (total image tokens, LLM hidden) in the model's order."""
+    tower = vision_tower(model_or_tower) if hasattr(model_or_tower, "model") else model_or_tower
+    out = tower(pixel_values, grid_thw=grid_thw)
+    if hasattr(out, "pooler_output") and out.pooler_output is not None:
+        out = out.pooler_output  # transformers 5 returns the merged tokens as pooler_output
+    elif isinstance(out, tuple):
+        out = out[0]
+    if isinstance(out, (list, tuple)):
+        out = torch.cat(list(out), dim=0)
+    return out
+
+
+def vlm_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+               pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword arguments of one forward, with what the family needs beyond ids and pixels (Qwen3-VL's
+    ``mm_token_type_ids``: 1 at image tokens)."""
+    kw: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if pixel_values is not None:
+        kw.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+        if family_of(model) == "qwen3_vl":
+            kw["mm_token_type_ids"] = (input_ids == image_token_id(model)).long()
+    return kw
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+# -- scoring and answering ---------------------------------------------------------------------------------------
+def answer_logprob(logits: torch.Tensor, labels: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+    """Per-sample log-probability of the labelled tokens under teacher forcing.
+
+    Args:
+        logits: (B, L, V) from the model on the full sequence.
+        labels: (B, L), ``IGNORE`` outside the answer.
+        reduce: ``sum`` (sequence log-probability) or ``mean`` (per token).
+    """
+    shift_logits = logits[:, :-1].float()
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != IGNORE
+    logp = torch.log_softmax(shift_logits, dim=-1)
+    tok = logp.gather(-1, shift_labels.clamp_min(0).unsqueeze(-1)).squeeze(-1) * mask
+    total = tok.sum(dim=1)
+    return total / mask.sum(dim=1).clamp_min(1) if reduce == "mean" else total
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over labelled tokens (the answer), as in instruction tuning."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE)
+
+
+# -- folders -----------------------------------------------------------------------------------------------------
+def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSpec | None = None,
+             extra_files: dict[str, str] | None = None) -> Path:
+    """Write ``model`` + ``tokenizer`` (+ the image processor) as one ``from_pretrained`` folder, atomically
+    (a temporary sibling renamed into place; a previous folder is replaced only once the new one is complete)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if spec is not None:
+            image_processor(spec).save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        old = folder.with_name(f".{folder.name}.old")
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """(model, tokenizer) from a local ``save_pretrained`` folder of a supported family; offline.
+
+    Raises:
+        CheckpointError: No such folder, no ``config.json``, an unsupported model type, or unreadable weights.
+    """
+    import transformers
+
+    from core.vlm.tokenizer import load_tokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such VLM folder")
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json (expected a transformers save_pretrained folder)")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{folder}: unreadable config.json ({str(e).splitlines()[0]})") from None
+    if config.model_type not in FAMILIES:
+        raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not a supported VLM {FAMILIES}")
+    _, model_cls = _classes(config.model_type)
+    try:
+        model = model_cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{folder}: cannot load the weights ({str(e).splitlines()[0]})") from None
+    tokenizer = load_tokenizer(folder)
+    if token_id(tokenizer, IMAGE_PAD) != image_token_id(model):
+        raise CheckpointError(f"{folder}: the tokenizer's {IMAGE_PAD} id differs from the model's image_token_id")
+    return model.to(device), tokenizer
+
+
+def patch_spec_of(model: nn.Module, image_size: int) -> PatchSpec:
+    """The patching a model's vision tower expects, at ``image_size``."""
+    v = model.config.vision_config
+    return PatchSpec(image_size=image_size, patch_size=v.patch_size, merge_size=v.spatial_merge_size,
+                     temporal_patch_size=v.temporal_patch_size)
+
+
+def config_dict(cfg: VLMConfig) -> dict[str, Any]:
+    return asdict(cfg)
