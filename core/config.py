@@ -35,6 +35,7 @@ from core.io import write_json, write_text
 _PRECISIONS = ("auto", "fp32", "bf16")
 _OPTIMIZERS = ("adamw", "adam", "sgd")
 _SCHEDULES = ("constant", "cosine", "linear")
+_STRATEGIES = ("auto", "ddp", "fsdp")
 
 
 @dataclass
@@ -97,6 +98,13 @@ class TrainerConfig:
     progress: bool = True
     resume: bool = True
     gradient_checkpointing: bool = False
+    # auto: DDP under torchrun with > 1 process, else one process. ddp: the same, spelled out. fsdp: FSDP2
+    # (torch fully_shard) -- parameters, gradients and optimizer state sharded over the processes.
+    strategy: str = "auto"
+    fsdp_reshard_after_forward: bool = True  # free each unit's gathered weights after its forward (ZeRO-3)
+    # Class names of the submodules sharded as separate units (e.g. [LlamaDecoderLayer]); null: the model's
+    # fsdp_units() when it has one, else every element of an nn.ModuleList (transformer blocks).
+    fsdp_wrap: list[str] | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -113,6 +121,10 @@ class TrainerConfig:
             raise ConfigError(f"trainer.grad_clip must be > 0 or null, got {self.grad_clip}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"trainer.ema_decay must be in (0, 1) or null, got {self.ema_decay}")
+        choice("trainer.strategy", self.strategy, _STRATEGIES)
+        if self.strategy == "fsdp" and self.ema_decay is not None:
+            raise ConfigError("trainer.ema_decay is not supported with trainer.strategy=fsdp (the EMA would be a "
+                              "full unsharded copy on every rank); set trainer.ema_decay=null")
         # OmegaConf.to_object builds nested dataclasses first, but a plain constructor call with
         # dicts (tests, scripts) should work too.
         if isinstance(self.optim, dict):

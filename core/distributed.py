@@ -32,19 +32,35 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(device: torch.device) -> DistInfo:
-    """Join the process group torchrun describes (no-op for a single process); returns this rank's info."""
+def init_distributed(device: torch.device, need_group: bool = False) -> DistInfo:
+    """Join the process group torchrun describes; returns this rank's info.
+
+    A single process gets no group, unless ``need_group`` (FSDP, whose sharded tensors live on a device mesh
+    even when it has one rank): it then gets an in-process one-rank group (no ports, no environment).
+    """
     if dist.is_available() and dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
-    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
-        return DistInfo()
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        if not need_group:
+            return DistInfo()
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        atexit.register(cleanup)
+        return DistInfo(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend=backend)
     # Tear the group down before interpreter shutdown: left to static destructors, gloo's worker threads
     # are destroyed while still joinable and the process aborts ("terminate called without an active
     # exception", SIGABRT) after training has already succeeded.
     atexit.register(cleanup)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """``trainer.strategy`` -> what runs: ``single``, ``ddp`` or ``fsdp`` (``auto`` / ``ddp`` with one process
+    run plainly; ``fsdp`` stays ``fsdp`` on any number of processes)."""
+    if strategy == "fsdp":
+        return "fsdp"
+    return "ddp" if world_size > 1 else "single"
 
 
 def resolve_device(spec: str = "auto") -> torch.device:

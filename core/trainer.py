@@ -1,6 +1,6 @@
 """The one training loop every method uses.
 
-Single process or ``torchrun`` DDP (gloo on CPU, NCCL on CUDA); gradient accumulation and clipping;
+Single process, ``torchrun`` DDP or FSDP2 (gloo on CPU, NCCL on CUDA); gradient accumulation and clipping;
 bf16 autocast on CUDA; optional EMA; periodic atomic checkpoints; TensorBoard + ``metrics.jsonl``;
 a progress bar. A run killed at any moment (SIGKILL included) and started again with the same
 config resumes from its newest checkpoint and reaches the same weights as an uninterrupted run:
@@ -16,6 +16,14 @@ The model contract (LeRobot / Lightning style)::
             ...                                                     # lr comes from optim.param_group_lrs
 
 Frozen parameters (``requires_grad=False``) are left out of the optimizer.
+
+``trainer.strategy=fsdp`` shards parameters, gradients and optimizer state over the processes with torch's
+FSDP2 ``fully_shard``: each unit (``trainer.fsdp_wrap`` class names, else ``model.fsdp_units()``, else every
+``nn.ModuleList`` element -- transformer blocks) is sharded on its own, then the rest with the root. Under
+bf16 the shards are gathered in bf16 and gradients reduced in fp32. Checkpoints are gathered to full CPU
+tensors on rank 0 and written in the usual format (the optimizer state in ``Optimizer.state_dict`` layout),
+so a plain process loads them and a DDP checkpoint resumes under FSDP (same world size) and back. No EMA.
+Gradients are reduce-scattered after every micro-batch (no ``no_sync``: it would keep full gradients).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from core import distributed as D
 from core.config import TrainerConfig
 from core.data.device import BatchTransform, DeviceLoader
 from core.data.samplers import ResumableDistributedSampler
-from core.errors import ConfigError, EmbodiedError
+from core.errors import CheckpointError, ConfigError, EmbodiedError
 from core.logging import MetricsLogger, get_logger, progress
 
 log = get_logger("embodied.trainer")
@@ -125,6 +133,73 @@ class _StepModule(nn.Module):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         return self.model.training_step(batch)
+
+
+class _FullWeights(nn.Module):
+    """Stands in for an FSDP model in ``ckpt.save_checkpoint``: its ``state_dict`` is the gathered one."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self._weights = weights
+
+    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        return self._weights
+
+
+def fsdp_units(model: nn.Module, wrap: Sequence[str] | None = None) -> list[nn.Module]:
+    """The submodules FSDP shards as units of their own, deepest first (``fully_shard`` goes bottom-up).
+
+    ``wrap`` (class names) picks every submodule of those classes; without it ``model.fsdp_units()`` decides
+    when the model has that method, else every element of the outermost ``nn.ModuleList``s. Units without
+    parameters are dropped (they would shard nothing).
+
+    Raises:
+        ConfigError: A name in ``wrap`` matches no submodule, or ``fsdp_units()`` returns a foreign module.
+    """
+    named: list[tuple[str, nn.Module]]
+    if wrap is not None:
+        named = [(n, m) for n, m in model.named_modules() if n and type(m).__name__ in set(wrap)]
+        missing = set(wrap) - {type(m).__name__ for _, m in named}
+        if missing:
+            raise ConfigError(f"trainer.fsdp_wrap names {sorted(missing)}, but {type(model).__name__} has no "
+                              f"submodule of that class")
+    elif hasattr(model, "fsdp_units"):
+        chosen = {id(m) for m in model.fsdp_units()}
+        named = [(n, m) for n, m in model.named_modules() if n and id(m) in chosen]
+        if len(named) != len(chosen - {id(model)}):
+            raise ConfigError(f"{type(model).__name__}.fsdp_units() returned modules that are not its submodules")
+    else:
+        named = []
+        for n, m in model.named_modules():  # pre-order: an outer ModuleList is met before any inner one
+            inside = any(n.startswith(u + ".") for u, _ in named)
+            if isinstance(m, nn.ModuleList) and not inside:
+                named.extend((f"{n}.{k}", c) for k, c in m.named_children())
+    named = [(n, m) for n, m in named if next(m.parameters(), None) is not None]
+    return [m for _, m in sorted(named, key=lambda nm: -nm[0].count("."))]
+
+
+def _optim_state_indexed(named: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state dict keyed by parameter name (``torch.distributed.checkpoint``) -> the
+    ``Optimizer.state_dict()`` layout (parameters numbered in group order), which checkpoints store."""
+    index: dict[str, int] = {}
+    groups = []
+    for g in named["param_groups"]:
+        groups.append({**g, "params": [index.setdefault(n, len(index)) for n in g["params"]]})
+    return {"state": {index[n]: v for n, v in named["state"].items()}, "param_groups": groups}
+
+
+def _optim_state_named(indexed: dict[str, Any], model: nn.Module,
+                       optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Inverse of ``_optim_state_indexed`` for ``optimizer`` over ``model`` (built by ``build_optimizer``,
+    whose parameter order is deterministic, so index ``i`` is the same parameter it was when saved)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    try:
+        groups = [{**g, "params": [order[i] for i in g["params"]]} for g in indexed["param_groups"]]
+        state = {order[int(i)]: v for i, v in indexed["state"].items()}
+    except IndexError:
+        raise CheckpointError("the checkpoint's optimizer state has more parameters than this optimizer") from None
+    return {"state": state, "param_groups": groups}
 
 
 class EMA:
@@ -238,7 +313,8 @@ class Trainer:
             ``RandomHorizontalFlip``, ``Normalize`` or any ``(batch, generator) -> batch``), applied by the
             ``DeviceLoader`` after the (prefetched, side-stream) host->device copy. Their generator is
             seeded by (seed, micro-batch number), so a resumed run sees the same augmentations.
-        hooks: Callables ``(trainer, step, metrics)`` run on rank 0 after every logging step.
+        hooks: Callables ``(trainer, step, metrics)`` run on rank 0 after every logging step. Under FSDP
+            ``trainer.model`` holds shards and a hook, running on rank 0 alone, must not gather them.
     """
 
     def __init__(
@@ -260,22 +336,27 @@ class Trainer:
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.run_config = run_config or {}
         self.device = D.resolve_device(cfg.device)
-        self.dist = D.init_distributed(self.device)
+        self.dist = D.init_distributed(self.device, need_group=cfg.strategy == "fsdp")
+        self.strategy = D.resolve_strategy(cfg.strategy, self.dist.world_size)  # single | ddp | fsdp
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.model = model.to(self.device)
+        self.autocast_dtype = self._autocast_dtype()
+        # Under FSDP the model stays where it is until fully_shard moves each rank's shard to the device.
+        self.model = model if self.strategy == "fsdp" else model.to(self.device)
         if cfg.gradient_checkpointing:
             if not hasattr(model, "enable_gradient_checkpointing"):
                 raise ConfigError(f"{type(model).__name__} does not support gradient checkpointing")
             model.enable_gradient_checkpointing()
         self.step_module: nn.Module = _StepModule(self.model)
-        if self.dist.enabled:
+        if self.strategy == "ddp":
             self.step_module = nn.parallel.DistributedDataParallel(
                 self.step_module,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=find_unused_parameters,
             )
-        self.optimizer = build_optimizer(self.model, cfg)
+        elif self.strategy == "fsdp":
+            self._shard()
+        self.optimizer = build_optimizer(self.model, cfg)  # after sharding: it holds the DTensor shards
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.ema = EMA(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.dataset = dataset
@@ -307,9 +388,49 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of this epoch already consumed
         self.micro_step = 0  # micro-batches consumed in total
-        self.autocast_dtype = self._autocast_dtype()
 
     # ------------------------------------------------------------------------------------------
+    def _shard(self) -> None:
+        """FSDP2: ``fully_shard`` every unit, then the step module as the root, which owns the rest.
+
+        The root is the step module rather than the model so that its pre-forward hook (which gathers the
+        root's parameters) runs around the whole ``training_step``, not only around ``model.forward``.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.dist.world_size,))
+        if self.autocast_dtype is not None:
+            mp = MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        for unit in fsdp_units(self.model, self.cfg.fsdp_wrap):
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
+        # The batch reaches training_step as the loader made it (targets keep their dtype); autocast sets
+        # the compute dtype as under the other strategies.
+        root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
+                                       cast_forward_inputs=False)
+        fully_shard(self.step_module, mesh=mesh, mp_policy=root_mp)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights. Under FSDP a collective (every rank calls it) that gathers them to CPU on
+        rank 0 and returns ``{}`` on the others; otherwise ``model.state_dict()``."""
+        if self.strategy != "fsdp":
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """``optimizer.state_dict()``; under FSDP gathered to rank 0 (``{}`` elsewhere) in the same layout."""
+        if self.strategy != "fsdp":
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        named = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _optim_state_indexed(named) if named else {}
+
     def _autocast_dtype(self) -> torch.dtype | None:
         p = self.cfg.precision
         if p == "bf16" or (p == "auto" and self.device.type == "cuda"):
@@ -350,18 +471,19 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "micro_step": self.micro_step,
             "world_size": self.dist.world_size,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._optimizer_state(),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_per_rank,
         }
 
     def save(self) -> Path | None:
         """Write ``checkpoints/step_<N>`` (rank 0) and point ``latest`` at it."""
-        state = self.state()  # collective under DDP: every rank calls it
+        state = self.state()  # collective under DDP / FSDP: every rank calls it
+        model = _FullWeights(self.full_state_dict()) if self.strategy == "fsdp" else self.model
         path = None
         if self.dist.is_main:
             name = f"step_{self.step:08d}"
-            path = ckpt.save_checkpoint(self.ckpt_dir / name, self.model, self.run_config, state,
+            path = ckpt.save_checkpoint(self.ckpt_dir / name, model, self.run_config, state,
                                         ema=self.ema.module if self.ema else None)
             ckpt.mark_latest(self.ckpt_dir, name)
             ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_last)
@@ -373,14 +495,13 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.ckpt_dir)
         if latest is None:
             return False
-        loaded = ckpt.load_checkpoint(latest, self.model, ema=self.ema.module if self.ema else None)
-        st = loaded["training_state"]
-        if st is None:
-            raise TrainingError(f"{latest}: has no training state to resume from")
-        if st["world_size"] != self.dist.world_size:
-            raise TrainingError(f"{latest}: written by {st['world_size']} processes, resuming with "
-                                f"{self.dist.world_size} would change the data order")
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.strategy == "fsdp":
+            st = self._load_sharded(latest)
+        else:
+            loaded = ckpt.load_checkpoint(latest, self.model, ema=self.ema.module if self.ema else None)
+            st = loaded["training_state"]
+            self._check_resumable(latest, st)
+            self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         ckpt.restore_rng(st["rng"][self.dist.rank])
         self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
@@ -388,6 +509,48 @@ class Trainer:
         if self.dist.is_main:
             log.info("resumed from %s (step %d)", latest, self.step)
         return True
+
+    def _check_resumable(self, path: Path, st: dict[str, Any] | None) -> None:
+        if st is None:
+            raise TrainingError(f"{path}: has no training state to resume from")
+        if st["world_size"] != self.dist.world_size:
+            raise TrainingError(f"{path}: written by {st['world_size']} processes, resuming with "
+                                f"{self.dist.world_size} would change the data order")
+
+    def _load_sharded(self, path: Path) -> dict[str, Any]:
+        """FSDP resume: rank 0 reads the full checkpoint and scatters weights and optimizer state to the shards;
+        every rank gets the rest of the training state (counters, scheduler, RNGs). Returns that rest."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        weights: dict[str, torch.Tensor] = {}
+        optim: dict[str, Any] = {}
+        payload: list[Any] = [None]
+        if self.dist.is_main:
+            try:
+                st = ckpt.load_checkpoint(path)["training_state"]  # weights are scattered below, not loaded
+                self._check_resumable(path, st)
+                weights = ckpt.load_weights(path / ckpt.MODEL_FILE)
+                own = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}  # DTensor: global shape
+                bad = sorted(set(own) ^ set(weights)) + sorted(
+                    k for k in own if k in weights and tuple(weights[k].shape) != own[k])
+                if bad:
+                    raise CheckpointError(f"{path / ckpt.MODEL_FILE} does not match the model: {len(bad)} missing, "
+                                          f"unexpected or mis-shaped keys ({', '.join(bad[:5])})")
+                optim = _optim_state_named(st.pop("optimizer"), self.model, self.optimizer)
+                payload = [st]
+            except (CheckpointError, TrainingError) as e:
+                payload = [e]
+        torch.distributed.broadcast_object_list(payload, src=0)  # a failure on rank 0 stops every rank
+        if isinstance(payload[0], Exception):
+            raise payload[0]
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, weights, options=opts)
+        set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)
+        return payload[0]
 
     # ------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -417,7 +580,7 @@ class Trainer:
                 sums: dict[str, float] = {}
                 for micro in range(cfg.grad_accum):
                     batch = next(batches)
-                    sync = micro == cfg.grad_accum - 1 or not self.dist.enabled
+                    sync = micro == cfg.grad_accum - 1 or self.strategy != "ddp"
                     ctx = contextlib.nullcontext() if sync else self.step_module.no_sync()
                     with ctx:
                         with self._autocast():
