@@ -200,10 +200,16 @@ def _cmd_task(args) -> int:
         with lock_folder(cfg.out_dir):  # not while the folder is being trained or evaluated by another process
             print(f"evaluated {args.method}: {module.evaluate(cfg)}")
         return 0
+    import contextlib
+    import os
+
     from core.outputs import claim_output
 
-    with claim_output(cfg.out_dir, command=f"train {args.method}", staged=False, signature=run_signature(cfg),
-                      overwrite=args.overwrite) as out:
+    # Under torchrun the folder is claimed (locked, marked) by rank 0 only; the trainer writes from rank 0 only.
+    claim = claim_output(cfg.out_dir, command=f"train {args.method}", staged=False, signature=run_signature(cfg),
+                         overwrite=args.overwrite) if int(os.environ.get("RANK", "0")) == 0 \
+        else contextlib.nullcontext(Path(cfg.out_dir))
+    with claim as out:
         done = _finished_checkpoint(out, cfg.trainer.max_steps)
         if done is not None:
             print(f"train {args.method}: already finished ({done.name}, trainer.max_steps={cfg.trainer.max_steps}); "

@@ -1,0 +1,76 @@
+"""``embodied infer forensics IMAGE|DIR...``: real or fake, one JSON line per image on stdout.
+
+``{"path": ..., "verdict": "real" | "fake", "probability": P(fake), "reason": "..."}`` — the probability is the
+verdict prompt's (``sigmoid(log P("fake") - log P("real"))``), the reason the model's answer to the explain prompt.
+A file that cannot be read gets ``{"path": ..., "error": "..."}`` and the others still run; the exit code is then
+1. ``--checkpoint``: a detector folder of ``embodied train deepvrm`` (``<out_dir>/detector``, any arm); default the
+shipped ``assets/checkpoints/deepvrm``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from core.errors import DataError, EmbodiedError
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Files as given, folders expanded to their images (recursively, sorted); a missing path is kept so that it
+    gets its own error line."""
+    paths: list[Path] = []
+    for raw in inputs:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in EXTENSIONS)
+            if not found:
+                raise DataError(p, "folder holds no images")
+            paths += found
+        else:
+            paths.append(p)
+    return paths
+
+
+def infer(args) -> int:
+    import numpy as np
+
+    from core.data.imread import read_square
+    from core.resources import asset
+    from perception.forensics.modeling_deepvrm import DeepVRM
+    from perception.forensics.task import detector_prob, explain, load_detector, parse_answer
+
+    if args.batch < 1:
+        raise DataError("--batch", "must be >= 1")
+    folder = Path(args.checkpoint) if getattr(args, "checkpoint", None) else asset("checkpoints", "deepvrm")
+    detector, kind = load_detector(folder)
+    size = detector.spec.image_size if isinstance(detector, DeepVRM) else int(detector.config().get("size", 64))
+    paths = expand_inputs(list(args.inputs))
+    failed = 0
+    for i in range(0, len(paths), args.batch):
+        chunk, images = [], []
+        for p in paths[i:i + args.batch]:
+            try:
+                if not p.is_file():
+                    raise DataError(p, "no such file")
+                images.append(read_square(p, size))
+                chunk.append(p)
+            except (EmbodiedError, OSError, ValueError) as e:
+                failed += 1
+                print(json.dumps({"path": str(p), "error": str(e).splitlines()[0]}), flush=True)
+        if not chunk:
+            continue
+        batch = np.stack(images)
+        prob = detector_prob(detector, batch)
+        reasons = [""] * len(chunk)
+        if isinstance(detector, DeepVRM) and not args.no_reason:
+            reasons = [parse_answer(a)[1] for a in explain(detector, batch)]
+        for p, pr, reason in zip(chunk, prob, reasons, strict=True):
+            line = {"path": str(p), "verdict": "fake" if pr >= 0.5 else "real", "probability": round(float(pr), 4),
+                    "reason": reason, "detector": kind}
+            print(json.dumps(line), flush=True)
+    if failed:
+        print(f"{failed} of {len(paths)} images could not be read", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,269 @@
+"""Deep-VRM: a vision-language model whose later layers see a second, low-level view of the image.
+
+    image ──ViT (frozen)──> image tokens ─┐
+    text ───embeddings (frozen)───────────┴─> LLM layers 0..K-1 (frozen) ─> h ─┬─> layers K..L-1 (LoRA) ─> answer
+    high-pass(image) ──V_a (a copy of the ViT + merger, LoRA)──> a ─────────────┘  h <- (h + a) / 2 at image tokens
+
+Nothing before layer K depends on V_a, so the early layers keep their semantic processing bit for bit; after it,
+the trainable layers fuse semantic and signal-level evidence. The same class runs the paper's baselines (``arm``):
+
+=============  ===========================================  ======================================
+arm            trainable                                    residual path
+=============  ===========================================  ======================================
+``deepvrm``    stage 1: LoRA on layers >= K;                 stage 1: off; stage 2: on
+               stage 2: + LoRA on V_a
+``lora``       LoRA on layers >= K (both stages)             never (Deep-VRM without the residual)
+``full``       every weight of the VLM (both stages)         never (full fine-tuning)
+=============  ===========================================  ======================================
+
+LoRA is peft's (``inject_adapter_in_model``: the layers are replaced in place, the model keeps its class). The
+injection is a forward hook on decoder layer K-1 whose output it rewrites, so it works for any Qwen-VL-class model
+that ``core.vlm`` loads, at any size (K = 16 of 28 for Qwen2.5-VL-7B).
+
+Answers are scored, not only generated: P(fake) = sigmoid(log P("fake" | prompt) - log P("real" | prompt)), the
+two answers' sequence log-probabilities under teacher forcing (AP uses it).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import ConfigError
+from core.vlm import (
+    IGNORE,
+    PatchSpec,
+    answer_logprob,
+    decode_answer,
+    decoder_layers,
+    encode,
+    encode_images,
+    image_token_id,
+    next_token_loss,
+    patchify,
+    vision_tower,
+    vlm_collate,
+    vlm_inputs,
+)
+
+ARMS = ("deepvrm", "lora", "full")
+LLM_TARGETS = r"self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj"
+VISION_TARGETS = r"blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(gate_proj|up_proj|down_proj|linear_fc1|linear_fc2))" \
+                 r"|merger\.(mlp\.(0|2)|linear_fc1|linear_fc2)"
+
+
+def high_pass(images: torch.Tensor, gain: float = 4.0) -> torch.Tensor:
+    """The low-level view V_a sees: the image minus its 3x3 box blur (a noise residual), re-centred at 0.5.
+
+    (B, 3, H, W) in [0, 1] -> same shape in [0, 1]; smooth regions go to 0.5, fine detail and generator traces
+    remain. ``gain`` scales the residual before clipping.
+    """
+    blur = F.avg_pool2d(F.pad(images, (1, 1, 1, 1), mode="reflect"), 3, stride=1)
+    return (0.5 + gain * (images - blur)).clamp(0.0, 1.0)
+
+
+def _lora(model: nn.Module, pattern: str, rank: int, alpha: float, dropout: float, name: str) -> None:
+    from peft import LoraConfig, inject_adapter_in_model
+
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern, bias="none")
+    inject_adapter_in_model(cfg, model, adapter_name=name)
+
+
+class DeepVRM(nn.Module):
+    """A Qwen-VL-class model with Deep-VRM's residual path and trainable-part policy.
+
+    Args:
+        vlm: The (pretrained) VLM; it is owned and modified in place (LoRA layers injected).
+        tokenizer: Its tokenizer (chat special tokens).
+        spec: How images are patched (``core.vlm.PatchSpec``).
+        arm: ``deepvrm`` | ``lora`` | ``full`` (see the module docstring).
+        inject_layer: K: the residual joins the input of decoder layer K (1 <= K < number of layers).
+        lora_rank / lora_alpha / lora_dropout: LoRA on the LLM's layers >= K (attention and MLP projections).
+        va_lora_rank: LoRA rank on V_a (its attention and MLP projections and the merger).
+        hp_gain: Gain of the high-pass view.
+    """
+
+    def __init__(self, vlm: nn.Module, tokenizer: Any, spec: PatchSpec, arm: str = "deepvrm", inject_layer: int = 4,
+                 lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0, va_lora_rank: int = 8,
+                 hp_gain: float = 4.0):
+        super().__init__()
+        if arm not in ARMS:
+            raise ConfigError(f"model.arm must be one of {ARMS}, got {arm!r}")
+        layers = decoder_layers(vlm)
+        if not 1 <= inject_layer < len(layers):
+            raise ConfigError(f"model.inject_layer must be in [1, {len(layers) - 1}] (the LLM has {len(layers)} "
+                              f"layers), got {inject_layer}")
+        self.vlm, self.tokenizer, self.spec, self.arm = vlm, tokenizer, spec, arm
+        self.inject_layer, self.hp_gain = inject_layer, hp_gain
+        self.image_token = image_token_id(vlm)
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.artifact_encoder: nn.Module | None = None
+        if arm == "deepvrm":
+            self.artifact_encoder = copy.deepcopy(vision_tower(vlm))
+            _lora(self.artifact_encoder, VISION_TARGETS, va_lora_rank, 2.0 * va_lora_rank, lora_dropout, "va")
+        if arm in ("deepvrm", "lora"):
+            later = "|".join(str(i) for i in range(inject_layer, len(layers)))
+            pattern = rf".*language_model\.layers\.({later})\.({LLM_TARGETS})"
+            _lora(self.vlm, pattern, lora_rank, lora_alpha, lora_dropout, "llm")
+        self.residual_on = False
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        layers[inject_layer - 1].register_forward_hook(self._inject)
+        self.set_stage(1)
+
+    # -- which parts train ---------------------------------------------------------------------------------------
+    def set_stage(self, stage: int) -> None:
+        """Freeze / unfreeze for training stage 1 or 2 and switch the residual path (Deep-VRM: on in stage 2)."""
+        if stage not in (1, 2):
+            raise ConfigError(f"stage must be 1 or 2, got {stage}")
+        self.stage = stage
+        self.requires_grad_(False)
+        if self.arm == "full":
+            self.vlm.requires_grad_(True)
+        else:
+            for name, p in self.vlm.named_parameters():
+                if "lora_" in name:
+                    p.requires_grad_(True)
+        if self.arm == "deepvrm":
+            self.residual_on = stage == 2
+            if stage == 2:
+                for name, p in self.artifact_encoder.named_parameters():
+                    if "lora_" in name:
+                        p.requires_grad_(True)
+
+    def trainable_parameters(self) -> dict[str, int]:
+        """Trainable parameter counts: LLM, V_a, total."""
+        llm = sum(p.numel() for p in self.vlm.parameters() if p.requires_grad)
+        va = sum(p.numel() for p in self.artifact_encoder.parameters() if p.requires_grad) \
+            if self.artifact_encoder is not None else 0
+        return {"llm": llm, "artifact_encoder": va, "total": llm + va}
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.vlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """Modules to shard one by one under FSDP: the LLM's decoder layers and the vision blocks."""
+        units = list(decoder_layers(self.vlm)) + list(vision_tower(self.vlm).blocks)
+        if self.artifact_encoder is not None:
+            units += list(self.artifact_encoder.blocks)
+        return units
+
+    # -- the residual path ---------------------------------------------------------------------------------------
+    def _inject(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if self._pending is None:
+            return output
+        residual, mask = self._pending
+        h = output[0] if isinstance(output, tuple) else output
+        if h.shape[:2] != mask.shape:
+            raise RuntimeError(f"Deep-VRM injection: hidden states {tuple(h.shape)} do not match the image mask "
+                               f"{tuple(mask.shape)} (a KV-cached decoding step? decode without a cache)")
+        h = torch.where(mask.unsqueeze(-1), 0.5 * (h + residual.to(h.dtype)), h)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    def artifact_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """V_a(high-pass(images)) -> (B * tokens_per_image, hidden)."""
+        pv, grid = patchify(high_pass(images, self.hp_gain), self.spec)
+        return encode_images(self.artifact_encoder, pv, grid)
+
+    @contextmanager
+    def _residual(self, images: torch.Tensor, input_ids: torch.Tensor):
+        if not (self.residual_on and self.artifact_encoder is not None):
+            yield
+            return
+        mask = input_ids == self.image_token
+        tokens = self.artifact_tokens(images)
+        if int(mask.sum()) != tokens.shape[0]:
+            raise ConfigError(f"{int(mask.sum())} image tokens in the text but V_a made {tokens.shape[0]}")
+        residual = torch.zeros(*mask.shape, tokens.shape[-1], dtype=tokens.dtype, device=tokens.device)
+        residual[mask] = tokens
+        self._pending = (residual, mask)
+        try:
+            yield
+        finally:
+            self._pending = None
+
+    # -- forward, loss, scoring -----------------------------------------------------------------------------------
+    def forward(self, images: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        """The VLM's output on (images (B, 3, S, S) in [0, 1], one image per sequence, ids with image tokens)."""
+        pv, grid = patchify(images, self.spec)
+        with self._residual(images, input_ids):
+            return self.vlm(**vlm_inputs(self.vlm, input_ids, attention_mask, pv, grid), **kwargs)
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        out = self(batch["image"], batch["input_ids"], batch["attention_mask"])
+        return {"loss": next_token_loss(out.logits, batch["labels"])}
+
+    def _batch(self, images: torch.Tensor, question: str, answers: list[str] | None, side: str = "right"):
+        n = self.spec.tokens_per_image
+        if answers is None:
+            samples = [encode(self.tokenizer, question, None, n) for _ in range(images.shape[0])]
+        else:
+            samples = [encode(self.tokenizer, question, a, n) for a in answers]
+        b = vlm_collate(samples, self.pad_id, side)
+        return {k: v.to(images.device) for k, v in b.items() if isinstance(v, torch.Tensor)}
+
+    @torch.no_grad()
+    def answer_scores(self, images: torch.Tensor, question: str, candidates: tuple[str, ...]) -> torch.Tensor:
+        """(B, len(candidates)) sequence log-probabilities of each candidate answer."""
+        scores = []
+        for cand in candidates:
+            b = self._batch(images, question, [cand] * images.shape[0])
+            logits = self(images, b["input_ids"], b["attention_mask"]).logits
+            scores.append(answer_logprob(logits, b["labels"]))
+        return torch.stack(scores, dim=1)
+
+    @torch.no_grad()
+    def prob_fake(self, images: torch.Tensor, question: str) -> torch.Tensor:
+        """P(fake) from the answers "fake" and "real" (both single answers, the verdict prompt)."""
+        s = self.answer_scores(images, question, ("fake", "real"))
+        return torch.sigmoid(s[:, 0] - s[:, 1])
+
+    @torch.no_grad()
+    def generate(self, images: torch.Tensor, question: str, max_new_tokens: int = 16) -> list[str]:
+        """Greedy answers (left-padded batch, full re-forward per token: the residual hook needs the image
+        positions of every forward, and the sequences here are short)."""
+        b = self._batch(images, question, None, side="left")
+        ids, mask = b["input_ids"], b["attention_mask"]
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        start = ids.shape[1]
+        for _ in range(max_new_tokens):
+            logits = self(images, ids, mask).logits[:, -1]
+            nxt = logits.argmax(-1).masked_fill(done, self.pad_id)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+            done |= nxt == end
+            if bool(done.all()):
+                break
+        return [decode_answer(self.tokenizer, row[start:].tolist()) for row in ids]
+
+    # -- saving the trained part ---------------------------------------------------------------------------------
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """What training changed: LoRA weights (and V_a's) for deepvrm / lora; every VLM weight for full."""
+        state = self.state_dict()
+        if self.arm == "full":
+            return {k: v for k, v in state.items() if k.startswith("vlm.") or "lora_" in k}
+        return {k: v for k, v in state.items() if "lora_" in k}
+
+
+def hidden_states_before_layers(model: DeepVRM, images: torch.Tensor, input_ids: torch.Tensor,
+                                attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The input of every decoder layer (index k = what layer k sees), captured with forward pre-hooks."""
+    seen: list[torch.Tensor] = []
+    handles = [layer.register_forward_pre_hook(lambda m, a, kw: seen.append(
+        (a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
+        for layer in decoder_layers(model.vlm)]
+    try:
+        model(images, input_ids, attention_mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+__all__ = ["ARMS", "DeepVRM", "IGNORE", "hidden_states_before_layers", "high_pass"]

@@ -1,0 +1,20 @@
+"""Registers Deep-VRM (named in pyproject's ``embodied.methods`` entry points)."""
+
+from core.registry import InferSpec, register_method
+
+register_method(
+    "deepvrm",
+    folder="perception/forensics",
+    description="AI-generated-image forensics with a VLM and a deep visual residual path (Deep-VRM), against "
+                "LoRA-only, full fine-tuning, a frequency CNN and a frozen-feature probe",
+    task="perception.forensics.task",
+    config="perception.forensics.configuration_deepvrm",
+    demo="perception.forensics.demo:demo_section",
+    infer=[InferSpec(
+        "forensics", "perception.forensics.cli:infer",
+        "real or fake? one JSON line per image (verdict, probability, reason) from a Deep-VRM detector",
+        (("inputs", dict(nargs="+", metavar="IMAGE|DIR", help="images, or folders of images (searched recursively)")),
+         ("--batch", dict(type=int, default=32, help="images per forward")),
+         ("--no-reason", dict(action="store_true", help="skip generating the reason (faster)"))),
+    )],
+)
