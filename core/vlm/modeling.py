@@ -212,6 +212,7 @@ def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSp
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

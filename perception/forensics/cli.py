@@ -50,26 +50,28 @@ def infer(args) -> int:
     paths = expand_inputs(list(args.inputs))
     failed = 0
     for i in range(0, len(paths), args.batch):
+        lines: list[dict | None] = []  # in input order
         chunk, images = [], []
         for p in paths[i:i + args.batch]:
             try:
                 if not p.is_file():
                     raise DataError(p, "no such file")
                 images.append(read_square(p, size))
-                chunk.append(p)
+                chunk.append((len(lines), p))
+                lines.append(None)
             except (EmbodiedError, OSError, ValueError) as e:
                 failed += 1
-                print(json.dumps({"path": str(p), "error": str(e).splitlines()[0]}), flush=True)
-        if not chunk:
-            continue
-        batch = np.stack(images)
-        prob = detector_prob(detector, batch)
-        reasons = [""] * len(chunk)
-        if isinstance(detector, DeepVRM) and not args.no_reason:
-            reasons = [parse_answer(a)[1] for a in explain(detector, batch)]
-        for p, pr, reason in zip(chunk, prob, reasons, strict=True):
-            line = {"path": str(p), "verdict": "fake" if pr >= 0.5 else "real", "probability": round(float(pr), 4),
-                    "reason": reason, "detector": kind}
+                lines.append({"path": str(p), "error": str(e).splitlines()[0]})
+        if chunk:
+            batch = np.stack(images)
+            prob = detector_prob(detector, batch)
+            reasons = [""] * len(chunk)
+            if isinstance(detector, DeepVRM) and not args.no_reason:
+                reasons = [parse_answer(a)[1] for a in explain(detector, batch)]
+            for (j, p), pr, reason in zip(chunk, prob, reasons, strict=True):
+                lines[j] = {"path": str(p), "verdict": "fake" if pr >= 0.5 else "real",
+                            "probability": round(float(pr), 4), "reason": reason, "detector": kind}
+        for line in lines:
             print(json.dumps(line), flush=True)
     if failed:
         print(f"{failed} of {len(paths)} images could not be read", file=sys.stderr)
