@@ -124,14 +124,14 @@ def table(summary: dict[str, Any]) -> str:
     return text
 
 
-def ship(out: Path, seed: int, extra: list[str], per_class: int = 2) -> None:
+def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path | None = None) -> None:
     """The demo's assets: Deep-VRM's detector (seed ``seed``), the recorded comparison, and ``per_class`` val
     images of each generator family and class (``images/<generator>_<ai|nature>_<i>.png``)."""
     from core.config import compose
     from core.resources import asset
     from perception.forensics.genimage import list_generators, scan
 
-    src = out / f"deepvrm_s{seed}" / "detector"
+    src = (run or out / f"deepvrm_s{seed}") / "detector"
     dst = asset("checkpoints", "deepvrm")
     if dst.exists():
         shutil.rmtree(dst)
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--ship", action="store_true", help="copy deepvrm seed 0's detector to assets/checkpoints/deepvrm "
                                                        "and the table to assets/samples/deepvrm")
+    p.add_argument("--ship-run", type=Path, default=None,
+                   help="with --ship: the run folder whose detector is shipped (default <out>/deepvrm_s<seed>)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.summary_only:
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         + (["--extra", *a.extra] if a.extra else [])))
     print(table(summary))
     if a.ship:
-        ship(a.out, a.seeds[0], a.extra)
+        ship(a.out, a.seeds[0], a.extra, run=a.ship_run)
     return 0
 
 
