@@ -383,7 +383,10 @@ def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm, to
                     inject_layer=model_cfg.inject_layer).eval()  # arm "full" adds nothing: the plain VLM
     records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
     qa = qa_accuracy(plain, records, data.eval_batch)
-    write_json(path, {"key": key, "qa": qa})
+    try:
+        write_json(path, {"key": key, "qa": qa})
+    except OSError as e:  # a user's read-only model folder: just not cached
+        log.warning("could not cache the base's QA accuracy in %s (%s)", path, e)
     return qa
 
 
