@@ -210,10 +210,13 @@ def image_pool(split: str, n: int, size: int = 64, seed: int = 0) -> np.ndarray:
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     """Mean over images of the per-image PSNR in dB between two uint8 batches (..., H, W, 3); 100 if equal."""
+    from core.metrics.image import psnr_from_mse
+
     a = np.asarray(a, np.float64).reshape(-1, *np.shape(a)[-3:])
     b = np.asarray(b, np.float64).reshape(-1, *np.shape(b)[-3:])
-    mse = ((a - b) ** 2).mean(axis=(1, 2, 3))
-    return float(np.mean([100.0 if m == 0 else 10 * math.log10(255.0**2 / m) for m in mse]))
+    mse = torch.from_numpy(((a - b) ** 2).mean(axis=(1, 2, 3)))
+    # the floor makes identical images 100 dB: 10 log10(255^2 / (255^2 1e-10))
+    return float(psnr_from_mse(mse, data_range=255.0, min_mse=255.0**2 * 1e-10).mean())
 
 
 # ================================================================================================== generators

@@ -368,17 +368,20 @@ def _configs(cfg) -> tuple[DeepVRMModelConfig, DeepVRMDataConfig, TrainerConfig]
     return model_cfg, data, tcfg
 
 
-def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm, tok) -> dict[str, Any]:
-    """The base VLM's own QA accuracy (general ability before forensic training), cached next to it."""
+def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=None, tok=None) -> dict[str, Any]:
+    """The base VLM's own QA accuracy (general ability before forensic training), cached next to it; the base is
+    loaded from ``model.base_path`` only when the cache misses and no (vlm, tok) is given."""
     path = Path(model_cfg.base_path) / QA_EVAL_FILE
     key = {"qa_test": data.qa_test, "qa_seed": data.qa_seed, "eval_qa": data.eval_qa}
     if path.is_file():
         cached = read_json(path)
         if cached.get("key") == key:
             return cached["qa"]
-    from core.vlm import patch_spec_of
+    from core.vlm import load_vlm, patch_spec_of
     from perception.forensics.modeling_deepvrm import DeepVRM
 
+    if vlm is None:
+        vlm, tok = load_vlm(model_cfg.base_path)
     plain = DeepVRM(vlm, tok, patch_spec_of(vlm, model_cfg.image_size), arm="full",
                     inject_layer=model_cfg.inject_layer).eval()  # arm "full" adds nothing: the plain VLM
     records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
@@ -415,7 +418,7 @@ def train(cfg) -> dict[str, Any]:
         return {"arm": model_cfg.arm, "n": int(len(labels)), "detector": str(out_dir / DETECTOR_DIR)}
 
     seed_everything(tcfg.seed)
-    ensure_base(model_cfg, data, tcfg)
+    base = ensure_base(model_cfg, data, tcfg)
     s1 = int(round(tcfg.max_steps * model_cfg.stage1_fraction))
     lr = tcfg.optim.lr * (model_cfg.full_lr_scale if model_cfg.arm == "full" else 1.0)
     results, trainer, model = {}, None, None
@@ -424,7 +427,7 @@ def train(cfg) -> dict[str, Any]:
             continue
         # Each stage starts from a fresh copy of the base plus what the previous stage trained (its final
         # checkpoint), so that the second Trainer never wraps a module the first one sharded (FSDP).
-        vlm, tok = load_vlm(model_cfg.base_path)
+        vlm, tok = base if trainer is None else load_vlm(model_cfg.base_path)
         model = build_detector(vlm, tok, model_cfg)
         if trainer is not None:
             from core import checkpoint as ckpt
@@ -473,10 +476,7 @@ def evaluate(cfg) -> dict[str, Any]:
     if kind not in BASELINE_ARMS:
         records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
         result["qa"] = qa_accuracy(detector, records, data.eval_batch)
-        from core.vlm import load_vlm
-
-        base_vlm, base_tok = load_vlm(Path(model_cfg.base_path))
-        result["qa_base"] = base_qa_eval(model_cfg, data, base_vlm, base_tok)
+        result["qa_base"] = base_qa_eval(model_cfg, data)
         pick = np.array([np.flatnonzero((g == name) & (labels == lb))[0] for name in gens for lb in (0, 1)
                          if ((g == name) & (labels == lb)).any()])
         answers = explain(detector, images[pick])
