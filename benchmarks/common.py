@@ -14,6 +14,12 @@ Typical use::
     write_result("loaders", device, args.quick, ratios={...}, figures={...}, config={...},
                  goals={"new_vs_base": "<= 1.0"})
 
+Precision: on CUDA every call timed or measured through ``timeit`` / ``interleaved`` / ``peak_memory_bytes``
+runs under bf16 autocast (``--dtype auto``, the default, or ``bfloat16``); ``--dtype float32`` turns it off.
+On CPU everything runs in float32 unless ``--dtype bfloat16`` is asked for. Benchmarks with their own
+argument parser read the same setting from the ``BENCH_DTYPE`` environment variable (``parse_args`` sets it),
+and ``write_result`` records it as ``"dtype"``.
+
 Peak memory: ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the
 process's resident-set high-water mark over the call (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs`` after ``malloc_trim`` hands freed heap pages back), which sees every allocation —
@@ -23,8 +29,10 @@ torch tensors, kernel workspaces, MKL buffers — that tracemalloc and tensor co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
+import os
 import re
 import statistics
 import time
@@ -45,7 +53,33 @@ def parse_args(description: str | None = None, argv: Sequence[str] | None = None
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI, make bench)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    return parser.parse_args(argv)
+    parser.add_argument("--dtype", default=os.environ.get("BENCH_DTYPE", "auto"), choices=DTYPES,
+                        help="autocast precision of the timed calls (auto: bfloat16 on CUDA, float32 on CPU)")
+    args = parser.parse_args(argv)
+    os.environ["BENCH_DTYPE"] = args.dtype
+    return args
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def bench_dtype(device: str) -> str:
+    """The precision timed calls run in on ``device``: ``"bfloat16"`` or ``"float32"`` (``BENCH_DTYPE``)."""
+    want = os.environ.get("BENCH_DTYPE", "auto")
+    if want not in DTYPES:
+        raise ValueError(f"BENCH_DTYPE={want!r}: expected one of {DTYPES}")
+    if want == "auto":
+        return "bfloat16" if str(device).startswith("cuda") else "float32"
+    return want
+
+
+def precision(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``bench_dtype`` says so, else a no-op context."""
+    if bench_dtype(device) == "float32":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16)
 
 
 def default_device(requested: str | None = None) -> str:
@@ -82,16 +116,17 @@ class Timing:
 
 def timeit(fn: Callable[[], Any], warmup: int = 1, repeats: int = 5, device: str = "cpu") -> Timing:
     """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed (device synchronised)."""
-    for _ in range(warmup):
-        fn()
-        synchronize(device)
-    t = Timing()
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        t.times.append(time.perf_counter() - t0)
+    with precision(device):
+        for _ in range(warmup):
+            fn()
+            synchronize(device)
+        t = Timing()
+        for _ in range(repeats):
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            t.times.append(time.perf_counter() - t0)
     return t
 
 
@@ -99,18 +134,19 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], warmup: int = 1, repeats: 
                 device: str = "cpu") -> dict[str, Timing]:
     """Time several functions round-robin (one call of each per round), so drift on a shared machine hits
     all of them alike; compare their ``Timing.best`` (best-of-N) or ``.median``."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-            synchronize(device)
-    out = {name: Timing() for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            out[name].times.append(time.perf_counter() - t0)
+    with precision(device):
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+                synchronize(device)
+        out = {name: Timing() for name in fns}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                synchronize(device)
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                out[name].times.append(time.perf_counter() - t0)
     return out
 
 
@@ -146,7 +182,8 @@ def peak_memory_bytes(fn: Callable[[], Any], device: str = "cpu") -> int | None:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fn()
+        with precision(device):
+            fn()
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
     if not _rss_peak_available():
@@ -159,7 +196,8 @@ def peak_memory_bytes(fn: Callable[[], Any], device: str = "cpu") -> int | None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _proc_status_bytes("VmRSS")
-    fn()
+    with precision(device):
+        fn()
     return max(0, _proc_status_bytes("VmHWM") - before)
 
 
@@ -233,6 +271,7 @@ def write_result(
         "name": name,
         "device": device,
         "quick": bool(quick),
+        "dtype": bench_dtype(device.split()[0] if device else "cpu"),
         "ratios": {k: float(v) for k, v in ratios.items()},
         "goals": goals,
         "figures": dict(figures),

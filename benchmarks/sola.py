@@ -55,6 +55,7 @@ from benchmarks.common import (
     interleaved,
     parse_args,
     peak_memory_bytes,
+    precision,
     print_table,
     write_result,
 )
@@ -123,7 +124,8 @@ def _linear_before(q, k, v, grid, b, w):
     feats = torch.cat([kv, kt], dim=-1)
     f = feats.shape[-1]
     flat = feats.permute(2, 0, 1, 3).reshape(n, bsz * h * f)
-    agg = torch.sparse.mm(adjacency, flat).reshape(n, bsz, h, f).permute(1, 2, 0, 3)
+    with torch.autocast(flat.device.type, enabled=False):  # CUDA has no bf16 COO sparse.mm
+        agg = torch.sparse.mm(adjacency, flat.to(adjacency.dtype)).reshape(n, bsz, h, f).permute(1, 2, 0, 3)
     s, z = agg[..., : kv.shape[-1]].unflatten(-1, (qt.shape[-1], d)), agg[..., kv.shape[-1]:]
     num = torch.einsum("bhnc,bhnce->bhne", qt, s)
     den = torch.einsum("bhnc,bhnc->bhn", qt, z)
@@ -162,7 +164,7 @@ def _lifted_chunked(q, k, v, grid, b, w, rows: int = 1024):
     crow, col, _, val = _csr_parts(grid.adjacency())
     qn, feats = _lifted_node_major(q, k, v, grid, b, w)
     flat = feats.reshape(n, -1)
-    out = torch.empty(n, bsz, h, d, dtype=v.dtype)
+    out = torch.empty(n, bsz, h, d, dtype=v.dtype, device=v.device)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         e0, e1 = int(crow[r0]), int(crow[r1])
@@ -179,11 +181,11 @@ def _lifted_index_add(q, k, v, grid, b, w, rows: int = 64):
     crow, col, row, _ = _csr_parts(grid.adjacency())
     qn, feats = _lifted_node_major(q, k, v, grid, b, w)
     flat = feats.reshape(n, -1)
-    out = torch.empty(n, bsz, h, d, dtype=v.dtype)
+    out = torch.empty(n, bsz, h, d, dtype=v.dtype, device=v.device)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         e0, e1 = int(crow[r0]), int(crow[r1])
-        agg = torch.zeros(r1 - r0, flat.shape[1], dtype=flat.dtype).index_add_(0, row[e0:e1] - r0,
+        agg = torch.zeros(r1 - r0, flat.shape[1], dtype=flat.dtype, device=flat.device).index_add_(0, row[e0:e1] - r0,
                                                                                flat[col[e0:e1]])
         out[r0:r1] = _contract_lifted(qn[r0:r1], agg.view(r1 - r0, *feats.shape[1:]), d)
     return out.permute(1, 2, 0, 3)
@@ -252,7 +254,14 @@ def measure_ways(level: int, ring: int, heads: int, d: int, device: str, repeats
     """Time and memory of every way in ``WAYS`` (and the gather) on one grid, interleaved."""
     grid, q, k, v, b, w = _inputs(level, ring, heads, d, device)
     ref = linear_attention_gather(q, k, v, grid.dirs, grid.index, grid.mask, b, w)
-    fns = {name: (lambda f=f: f(q, k, v, grid, b, w)) for name, f in WAYS.items()}
+    fns, failed = {}, []
+    for name, f in WAYS.items():  # an alternative that cannot run here (dtype / device support) is reported
+        try:
+            with precision(device):
+                f(q, k, v, grid, b, w)
+            fns[name] = lambda f=f: f(q, k, v, grid, b, w)
+        except (RuntimeError, NotImplementedError) as e:
+            failed.append({"way": name, "N": grid.n, "K": grid.index.shape[1], "error": str(e).splitlines()[0][:120]})
     fns["gather (reference)"] = lambda: linear_attention_gather(q, k, v, grid.dirs, grid.index, grid.mask,
                                                                 b, w)
     times = interleaved(fns, warmup=1, repeats=repeats, device=device)
@@ -262,7 +271,7 @@ def measure_ways(level: int, ring: int, heads: int, d: int, device: str, repeats
         rows.append({"way": name, "N": grid.n, "K": grid.index.shape[1], "ms": 1e3 * times[name].best,
                      "MiB": rss if rss is not None else tensors, "tensor_MiB": tensors,
                      "max_abs_diff": float((fn() - ref).abs().max())})
-    return rows
+    return rows + failed
 
 
 def measure_train(level: int, ring: int, heads: int, d: int, device: str, repeats: int) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 Each benchmark's JSON holds ``ratios`` and, under ``goals``, the target of the ratios it is held to
 (``"<= 1.1"`` / ``">= 0.7"``, see ``benchmarks.common.parse_goal``). This prints one row per ratio —
-benchmark, ratio, value, goal, met (yes / NO / blank when no goal is declared), quick or full run, device —
+benchmark, ratio, value, goal, met (yes / NO / blank when no goal is declared), quick or full run, dtype,
+device —
 and a last line counting goals met. It measures nothing and writes nothing.
 
     python -m benchmarks.summary [--results DIR] [--strict]
@@ -56,7 +57,8 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     met = "bad goal"
             rows.append({"benchmark": rec["name"], "ratio": key, "value": float(value), "goal": goal,
                          "met": met,
-                         "run": "quick" if rec.get("quick") else "full", "device": rec.get("device", "")})
+                         "run": "quick" if rec.get("quick") else "full", "dtype": rec.get("dtype", "float32"),
+                         "device": rec.get("device", "")})
     return rows
 
 
@@ -67,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 when a declared goal is missed")
     parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     rows = summary_rows(load_results(args.results))
     if not rows:

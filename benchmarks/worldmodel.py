@@ -40,7 +40,6 @@ from benchmarks.common import (  # noqa: E402
     timeit,
     write_result,
 )
-from benchmarks.sim import env_steps_per_s  # noqa: E402
 from core.bootstrap import prepare_process  # noqa: E402
 from core.resources import asset  # noqa: E402
 
@@ -104,7 +103,13 @@ def main() -> None:
                         repeats=3 if args.quick else 10, device=device)
     t_im = timeit(imagine, warmup=1, repeats=3 if args.quick else 10, device=device).median
     imagined_fps = batch * steps / t_im
-    sim_fps = env_steps_per_s("embodied/Reach-Panda-v0", c.image_size, 20 if args.quick else 100)
+    try:
+        from benchmarks.sim import env_steps_per_s
+
+        sim_fps = env_steps_per_s("embodied/Reach-Panda-v0", c.image_size, 20 if args.quick else 100)
+    except ImportError as e:  # a GPU box without the simulator stack: the model-side ratios still stand
+        print(f"simulator unavailable ({e}): imagined_vs_sim_frames / decision_vs_sim_step skipped")
+        sim_fps = None
 
     goal = torch.zeros(1, 3, c.image_size, c.image_size, device=device)
     cands = torch.randn(16, 4, enc.in_dim, device=device)
@@ -116,14 +121,16 @@ def main() -> None:
             int(((im[:, -1] - goal) ** 2).flatten(1).mean(1).argmin())
 
     t_dec = timeit(decide, warmup=1, repeats=5 if args.quick else 20, device=device).median
-    rows = [{"what": "imagined frames/s", "value": imagined_fps}, {"what": "sim frames/s (rendered)", "value": sim_fps},
+    rows = [{"what": "imagined frames/s", "value": imagined_fps},
+            {"what": "sim frames/s (rendered)", "value": sim_fps if sim_fps else "n/a"},
             {"what": "planning decisions/s", "value": 1.0 / t_dec}]
     print_table(rows)
     write_result("worldmodel", device, args.quick,
-                 ratios={"imagined_vs_sim_frames": imagined_fps / sim_fps, "planning_decisions_per_s": 1.0 / t_dec,
-                         "decision_vs_sim_step": t_dec * sim_fps,
-                         "imagine_vs_limit": t_lim["imagine"].best / t_lim["limit"].best},
-                 goals={"imagined_vs_sim_frames": ">= 1", "imagine_vs_limit": "<= 1.10"},
+                 ratios={"planning_decisions_per_s": 1.0 / t_dec,
+                         "imagine_vs_limit": t_lim["imagine"].best / t_lim["limit"].best,
+                         **({"imagined_vs_sim_frames": imagined_fps / sim_fps, "decision_vs_sim_step": t_dec * sim_fps}
+                            if sim_fps else {})},
+                 goals={"imagine_vs_limit": "<= 1.10", **({"imagined_vs_sim_frames": ">= 1"} if sim_fps else {})},
                  figures={"imagined_fps": imagined_fps, "sim_fps": sim_fps, "decision_s": t_dec,
                           "imagine_best_s": t_lim["imagine"].best, "limit_best_s": t_lim["limit"].best,
                           "model_params": int(sum(p.numel() for p in model.parameters()))},
