@@ -267,14 +267,37 @@ def prune_checkpoints(checkpoints_dir: str | Path, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+_CHECKPOINT_FIRST = ("checkpoint", "checkpoint_dir", "ckpt", "ckpt_dir", "path")
+
+
+def takes_checkpoint_first(factory: Any) -> bool:
+    """Whether a policy factory is ``(checkpoint, env, ...)`` (its first parameter is named checkpoint /
+    checkpoint_dir / ckpt / ckpt_dir / path) rather than ``(env, checkpoint=None, **options)``."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].name in _CHECKPOINT_FIRST
+
+
+def build_policy(factory: Any, checkpoint: str | Path, env: Any, **options: Any) -> Any:
+    """Call a registered policy factory with a checkpoint, whichever of the two conventions it follows."""
+    if takes_checkpoint_first(factory):
+        return factory(checkpoint, env, **options)
+    return factory(env, checkpoint=str(checkpoint), **options)
+
+
 def load_policy(path: str | Path, env: Any) -> Any:
     """Build a ``sim.api.Policy`` from a checkpoint, through the method named in its config.
 
-    Methods that can act register a factory ``(checkpoint_dir, env) -> Policy`` in
-    ``core.registry.POLICIES`` under their method name.
+    Methods that can act register a factory in ``core.registry.POLICIES`` under their method name, either
+    ``(checkpoint_dir, env) -> Policy`` or ``(env, checkpoint=None, **options) -> Policy`` (a policy that also
+    runs by name, e.g. from a shipped checkpoint: ``embodied drive eval --policy automot``).
     """
     from core.pretrained import method_entry
     from core.registry import POLICIES
 
     ckpt, factory = method_entry(path, POLICIES, "policy for closed-loop rollouts")
-    return factory(ckpt, env)
+    return build_policy(factory, ckpt, env)

@@ -11,14 +11,14 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     rows, videos = [], []
     for policy in ("idm", "constant", "random"):
         out = ctx.path("drive", policy)
-        report = evaluate_policy(policy, "highway", episodes=2, out=out, seed=ctx.seed)
+        report = evaluate_policy(policy, "highway", episodes=2, out=out, seed=ctx.seed, videos=1, progress=False)
         a = report["aggregate"]
         rows.append({"policy": policy, "driving_score": a["driving_score"], "success_rate": a["success_rate"],
                      "collision_rate": a["collision_rate"], "offroad_rate": a["offroad_rate"],
                      "route_completion": a["route_completion"], "mean_speed_mps": a["mean_speed_mps"]})
-        clip = sorted((out / "videos").glob("*.mp4"))
-        if clip:
-            videos.append(video_tag(ctx.rel(clip[0]), f"{policy}: front camera", 256))
+        clips = report["scenarios"]["highway"]["videos"]  # paths relative to the run folder
+        if clips:
+            videos.append(video_tag(ctx.rel(out / clips[0]["path"]), f"{policy}: front camera", 256))
     return DemoSection(
         title="Closed-loop driving (highway-env)",
         lead="`embodied drive eval --policy idm|constant|random --scenario highway`: paired seeds, route "

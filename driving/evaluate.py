@@ -1,32 +1,109 @@
 """``embodied drive eval``: closed-loop driving evaluation of a policy in the highway-env scenarios.
 
-Drives N seeded episodes of a scenario, records them (HDF5 driving logs in the trajectory format +
-mp4 front-camera videos), and scores each with ``sim.driving.metrics`` (route completion, collisions,
-off-road, comfort, driving score). Policies: ``idm`` (the privileged IDM + MOBIL expert), ``constant``
-(keep lane at constant speed), ``random``, a checkpoint directory of a method that drives, or ``automot``
-(the driving VLA, once it is built). Episode ``j`` uses seed ``seed + j`` for every policy, so the rows of
+Drives N seeded episodes of one scenario or of all five (``--scenario all``: highway, merge, roundabout,
+intersection, racetrack), records them (HDF5 driving logs in the trajectory format, mp4 front-camera
+videos of the first K episodes with the policy's overlay) and scores each with ``sim.driving.metrics``
+(Bench2Drive-style: route completion x infraction penalties = driving score; DS, SR, collision rate,
+progress, comfort). Episode ``j`` of every scenario uses seed ``seed + j`` for every policy, so the rows of
 different policies are paired.
 
-Outputs in ``--out``: ``metrics.json`` (per-episode rows + the aggregate), the recorder's HDF5 /
-``videos/`` / ``summary.json``, and ``config.json``.
+Policies (``--policy``):
+    ``idm``       the privileged IDM + MOBIL expert (``sim.driving.expert.ExpertPolicy``, no noise);
+    ``constant``  keep lane at constant speed (``LaneKeepingPolicy``);  ``random``  uniform random actions;
+    NAME          any entry of ``core.registry.POLICIES`` registered by a method (e.g. ``automot``,
+                  ``noreason``), built as ``factory(env, **policy_args)``;
+    CKPT          a checkpoint folder: its ``config.json`` names the method, whose ``POLICIES`` factory is
+                  called with the checkpoint convention of ``core.checkpoint.load_policy``,
+                  ``factory(CKPT, env, **policy_args)``, when its first parameter is named checkpoint /
+                  checkpoint_dir / ckpt / ckpt_dir / path, else as ``factory(env, checkpoint=CKPT,
+                  **policy_args)``. (``--policy automot --policy-arg checkpoint=CKPT`` is the same.)
+
+Policy factory contract: ``factory(env: gymnasium.Env, **kwargs) -> sim.api.Policy`` (``reset(seed)``,
+``act(obs, info) -> (2,) [acceleration m/s^2, steering rad]``; or a ``BatchedPolicy``), registered with
+``core.registry.POLICIES.register(name, "module:factory")`` (a class with ``__init__(self, env, ...)``
+works too; a first parameter named checkpoint / path marks a checkpoint factory instead). ``kwargs`` come
+from ``--policy-arg key=value`` (repeatable; values parsed as int, float, bool (true/false), none, else
+str), e.g. AutoMoT's ``update_interval=2 refiner=true checkpoint=PATH``. Optional overlay hook:
+``policy.overlay() -> {"waypoints": (n, 2) ego-frame metres, "meta_action": str} | None``, read after
+every ``act``; the chosen episodes' videos show it (``driving.report``).
+
+Robustness (design): every policy is wrapped in a guard (``PolicyGuard``) next to its env. When the
+policy raises in ``reset`` / ``act`` or returns a NaN / inf / wrong-shape action, the guard records a
+one-line reason and hands the env a NaN action; ``DrivingEnv`` ends an episode on a non-finite action
+(``terminated``, ``info["failure"]``), so the episode stops at that step without touching ``sim.rollout``.
+The episode is scored as FAILED (driving score 0, no success, ``failure`` = the guard's reason), the
+policy is reset with the next episode's seed as usual and the run continues. A simulator failure
+(``info["failure"]`` on its own) fails the episode the same way. A policy that cannot be BUILT fails the
+whole run with a one-line error (``PolicyBuildError``, exit 2) and nothing is written.
+
+Output folder (``--out DIR``, claimed with ``core.outputs.claim_output``: staged, refused if another run's)::
+
+    DIR/config.json                     the run's arguments
+    DIR/summary.json                    {"policy", "policy_args", "seed", "episodes", "scenarios": {name:
+                                        {"env_id", "aggregate"}}, "overall": aggregate over all episodes}
+    DIR/summary.md                      scenario x DS, SR, rates, progress, route completion, comfort, speed
+    DIR/index.html                      self-contained page: the table, per-episode rows, the videos
+    DIR/<scenario>/episodes.jsonl       one JSON row per episode (metrics, seed, failure)
+    DIR/<scenario>/metrics.json         {"scenario", "env_id", "aggregate", "episodes": [...]}
+    DIR/<scenario>/<env id>.hdf5        driving logs (``sim.recorder`` layout); config.json: RolloutConfig
+    DIR/<scenario>/videos/episode_<j>.mp4   front camera (+ overlay) of the first K episodes
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, NotBuiltError
-from core.io import write_json
+import numpy as np
+
+from core.checkpoint import build_policy, takes_checkpoint_first
+from core.errors import ConfigError, EmbodiedError, NotBuiltError
+from core.io import write_json, write_text
 
 BUILTIN_POLICIES = ("idm", "constant", "random")
+ALL_SCENARIOS = ("highway", "merge", "roundabout", "intersection", "racetrack")
 
 
-def _lane_keeping(env):
-    from sim.driving.expert import LaneKeepingPolicy
+class PolicyBuildError(EmbodiedError):
+    """The policy could not be constructed (the whole run fails, in one line)."""
 
-    return LaneKeepingPolicy(env.unwrapped)
+
+# ------------------------------------------------------------------------------------------- arguments
+def parse_value(text: str) -> Any:
+    """``"3"`` -> 3, ``"0.5"`` -> 0.5, ``"true"`` / ``"false"`` -> bool, ``"none"`` -> None, else the string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_policy_args(items: Sequence[str] | None) -> dict[str, Any]:
+    """``["update_interval=2", "refiner=true"]`` -> ``{"update_interval": 2, "refiner": True}``.
+
+    Raises:
+        ConfigError: An item without ``=`` or with an empty / non-identifier key, or a repeated key.
+    """
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--policy-arg {item!r}: expected key=value with a Python identifier as key")
+        if key in out:
+            raise ConfigError(f"--policy-arg {key}: given twice")
+        out[key] = parse_value(value)
+    return out
 
 
 def scenario_env_id(scenario: str) -> str:
@@ -34,50 +111,338 @@ def scenario_env_id(scenario: str) -> str:
     from sim.driving.registration import SCENARIOS
 
     if scenario not in SCENARIOS:
-        raise ConfigError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+        raise ConfigError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)}, or all)")
     return SCENARIOS[scenario].env_id
 
 
-def evaluate_policy(policy: str, scenario: str, episodes: int, out: str | Path, seed: int = 0,
-                    video: bool = True) -> dict[str, Any]:
-    """Run and score ``episodes`` episodes; returns ``{"aggregate": {...}, "episodes": [...]}``."""
-    import sim
+def scenario_list(scenario: str | Sequence[str]) -> list[str]:
+    """``"all"`` -> the five scenarios; a name -> ``[name]`` (checked); a list is checked item by item."""
+    names = list(ALL_SCENARIOS) if scenario == "all" else [scenario] if isinstance(scenario, str) else list(scenario)
+    for name in names:
+        scenario_env_id(name)
+    return names
+
+
+# -------------------------------------------------------------------------------------------- policies
+def _lane_keeping(env, **kwargs):
+    from sim.driving.expert import LaneKeepingPolicy
+
+    return LaneKeepingPolicy(env.unwrapped, **kwargs)
+
+
+def _expert(env, noise: float = 0.0, **kwargs):
+    from sim.rollout import scripted_policy
+
+    return scripted_policy(env, noise=noise, **kwargs)
+
+
+def _random(env, **kwargs):
+    from sim.rollout import random_policy
+
+    return random_policy(env, **kwargs)
+
+
+
+
+def _checkpoint_policy(env, path: str, **kwargs):
+    from core.pretrained import method_entry
+    from core.registry import POLICIES
+
+    ckpt, factory = method_entry(path, POLICIES, "policy for closed-loop rollouts")
+    return build_policy(factory, ckpt, env, **kwargs)
+
+
+def _known_policies() -> list[str]:
+    from core.registry import POLICIES, load_plugins
+
+    load_plugins()
+    return [*BUILTIN_POLICIES, *(n for n in POLICIES.names() if n not in BUILTIN_POLICIES)]
+
+
+def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None = None) -> tuple[Callable, str]:
+    """A factory ``(env) -> Policy`` and a label for ``--policy`` (see the module docstring).
+
+    Raises:
+        ConfigError: An unknown name (the message lists the known ones).
+        NotBuiltError: A planned method (e.g. ``automot``) that has not registered its policy yet.
+    """
+    kwargs = dict(policy_args or {})
+    if callable(policy):
+        return functools.partial(policy, **kwargs), getattr(policy, "__name__", type(policy).__name__)
+    builtin = {"idm": _expert, "constant": _lane_keeping, "random": _random}
+    if policy in builtin:
+        return functools.partial(builtin[policy], **kwargs), policy
+    from core.registry import POLICIES, load_plugins
+
+    load_plugins()
+    named = POLICIES.get(policy) if policy in POLICIES else None
+    if named is not None and not takes_checkpoint_first(named):
+        return functools.partial(named, **kwargs), policy
+    if Path(policy).exists():
+        return functools.partial(_checkpoint_policy, path=str(policy), **kwargs), str(policy)
+    if named is not None:
+        raise ConfigError(f"--policy {policy!r} is built from a checkpoint (factory(checkpoint, env)): pass "
+                          "the checkpoint folder as --policy")
+    from embodied.methods import PLANNED
+
+    if policy in PLANNED:
+        raise NotBuiltError(f"policy {policy!r} ({PLANNED[policy][1]}, {PLANNED[policy][0]}/) is not built yet: "
+                            "its method has registered no policy")
+    raise ConfigError(f"--policy {policy!r}: unknown policy (known: {', '.join(_known_policies())}, "
+                      "or a checkpoint path)")
+
+
+def one_line(e: BaseException) -> str:
+    """``"ValueError: first line of the message"``."""
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
+
+
+@dataclass
+class EpisodeRecord:
+    """What the guard saw in one episode: the first failure and the overlay after each ``act``."""
+
+    seed: int | None
+    failure: str | None = None
+    steps: int = 0
+    overlays: list[dict[str, Any] | None] = field(default_factory=list)
+
+
+class PolicyGuard:
+    """Wraps a per-env ``Policy``: turns its exceptions and invalid actions into a failed episode.
+
+    Records per episode (by reset seed) in ``records``; after a failure every ``act`` returns a NaN
+    action, which ``DrivingEnv`` answers by ending the episode (``info["failure"]``).
+    """
+
+    def __init__(self, inner: Any, action_shape: tuple[int, ...], overlays: bool = True):
+        self.inner = inner
+        self.action_shape = tuple(action_shape)
+        self.want_overlay = overlays and callable(getattr(inner, "overlay", None))
+        self.records: dict[Any, EpisodeRecord] = {}
+        self.current = EpisodeRecord(None)
+
+    def _nan(self) -> np.ndarray:
+        return np.full(self.action_shape, np.nan, dtype=np.float32)
+
+    def _fail(self, reason: str) -> np.ndarray:
+        if self.current.failure is None:
+            self.current.failure = f"step {self.current.steps}: {reason}"
+        return self._nan()
+
+    def reset(self, seed: int | None = None) -> None:
+        self.current = EpisodeRecord(seed)
+        self.records[seed] = self.current
+        try:
+            self.inner.reset(seed=seed)
+        except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
+            self.current.failure = f"reset: policy raised {one_line(e)}"
+
+    def check_action(self, action: Any) -> np.ndarray:
+        """The action as float32 of ``action_shape``, or the NaN action after recording why it is invalid."""
+        try:
+            a = np.asarray(action, dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            return self._fail(f"policy returned a non-numeric action ({one_line(e)})")
+        if a.shape != self.action_shape:
+            if a.size == int(np.prod(self.action_shape)) and a.ndim > len(self.action_shape):
+                a = a.reshape(self.action_shape)  # e.g. (1, 2) for (2,)
+            else:
+                return self._fail(f"policy returned an action of shape {a.shape}, expected {self.action_shape}")
+        if not np.isfinite(a).all():
+            return self._fail(f"policy returned a non-finite action {np.array2string(a, precision=3)}")
+        return a
+
+    def _record_overlay(self) -> None:
+        if not self.want_overlay:
+            return
+        from driving.report import sanitize_overlay
+
+        try:
+            ov = sanitize_overlay(self.inner.overlay())
+        except Exception:  # noqa: BLE001 - an overlay is a visual extra, never a reason to fail
+            ov = None
+        self.current.overlays.append(ov)
+
+    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        if self.current.failure is not None:
+            return self._nan()
+        try:
+            action = self.inner.act(obs, info)
+        except Exception as e:  # noqa: BLE001
+            return self._fail(f"policy raised {one_line(e)}")
+        a = self.check_action(action)
+        self._record_overlay()
+        self.current.steps += 1
+        return a
+
+
+class BatchedPolicyGuard(PolicyGuard):
+    """``PolicyGuard`` for a natively batched policy driven with one env (``act_batch`` on K = 1)."""
+
+    def reset(self, seed: int | None = None, index: int | None = None) -> None:
+        self.current = EpisodeRecord(seed)
+        self.records[seed] = self.current
+        try:
+            self.inner.reset(seed=seed, index=index)
+        except Exception as e:  # noqa: BLE001
+            self.current.failure = f"reset: policy raised {one_line(e)}"
+
+    def act_batch(self, obs: dict[str, np.ndarray], infos: Sequence[dict[str, Any]]) -> np.ndarray:
+        if self.current.failure is not None:
+            return self._nan()[None]
+        try:
+            actions = np.asarray(self.inner.act_batch(obs, infos), dtype=np.float32)
+        except Exception as e:  # noqa: BLE001
+            return self._fail(f"policy raised {one_line(e)}")[None]
+        a = self.check_action(actions[0] if actions.ndim == len(self.action_shape) + 1 and len(actions) == 1
+                              else actions)
+        self._record_overlay()
+        self.current.steps += 1
+        return a[None]
+
+
+def guarded_factory(factory: Callable, label: str, guards: list, overlays: bool = True) -> Callable:
+    """``factory`` wrapped: the built policy is guarded (and appended to ``guards``); build errors raise
+    ``PolicyBuildError`` in one line."""
+
+    def build(env):
+        from sim.api import is_batched
+
+        try:
+            inner = factory(env)
+        except EmbodiedError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise PolicyBuildError(f"--policy {label}: building the policy failed: {one_line(e)}") from e
+        cls = BatchedPolicyGuard if is_batched(inner) else PolicyGuard
+        guard = cls(inner, env.action_space.shape, overlays=overlays)
+        guards.append(guard)
+        return guard
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: int, out: str | Path, seed: int = 0,
+                      videos: int = 2, env_kwargs: Mapping[str, Any] | None = None,
+                      progress: bool = True) -> dict[str, Any]:
+    """Drive and score ``episodes`` episodes of one scenario into ``out`` (``DIR/<scenario>`` of a run).
+
+    Returns:
+        ``{"scenario", "env_id", "aggregate", "episodes": [rows], "videos": [{"episode", "seed", "path",
+        ...}]}`` (video paths relative to ``out``).
+    """
     from sim.driving.metrics import EpisodeTracker, aggregate
-    from sim.recorder import record_rollout
-    from sim.rollout import RolloutConfig, policy_factory
+    from sim.driving.registration import SCENARIOS
+    from sim.recorder import EpisodeRecorder, env_metadata
+    from sim.rollout import RolloutConfig, rollout
 
-    sim.register_envs()
     env_id = scenario_env_id(scenario)
-    if policy == "automot":
-        raise NotBuiltError("policy 'automot' needs the AutoMoT driving VLA (driving/), which is not built yet")
-    if policy == "idm":
-        factory, name = policy_factory("scripted", noise=0.0), "scripted"
-    elif policy == "constant":
-        factory, name = functools.partial(_lane_keeping), "constant"
-    elif policy == "random":
-        factory, name = policy_factory("random"), "random"
-    elif Path(policy).exists():
-        factory, name = policy_factory(policy), policy
-    else:
-        raise ConfigError(f"--policy {policy!r}: expected automot, idm, constant, random or a checkpoint path")
-    cfg = RolloutConfig(env_id=env_id, episodes=episodes, seed=seed, policy=name, noise=0.0)
-    result = record_rollout(cfg, out, video=video, policy=factory)
-    import gymnasium as gym
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    env_kwargs = dict(env_kwargs or {})
+    cfg = RolloutConfig(env_id=env_id, episodes=episodes, seed=seed, policy=label, noise=0.0,
+                        env_kwargs=env_kwargs, progress=progress)
+    metadata = env_metadata(env_id, env_kwargs)
+    dt = 1.0 / float(metadata["policy_frequency"])
+    finite_route = not SCENARIOS[scenario].open_ended
+    write_json(out / "config.json", {**cfg.to_dict(), "video_episodes": videos})
+    guards: list[PolicyGuard] = []
+    rows: list[dict[str, Any]] = []
+    metrics = []
+    clips: list[dict[str, Any]] = []
 
-    probe = gym.make(env_id)
-    dt = 1.0 / probe.unwrapped.policy_frequency
-    probe.close()
-    rows, metrics = [], []
-    for ep in result.episodes:
-        tracker = EpisodeTracker(dt)
-        for info in ep.infos:
-            tracker.update(info)
-        m = tracker.result()
+    def on_episode(ep) -> None:
+        rec.add(ep)
+        record = guards[0].records.pop(ep.seed, None) if guards else None
+        tracker = EpisodeTracker(dt, finite_route=finite_route)
+        for info, truncated in zip(ep.infos, ep.truncated, strict=True):
+            tracker.update(info, bool(truncated))
+        m = tracker.result(failure=record.failure if record is not None else None)
         metrics.append(m)
-        rows.append({"episode": ep.index, "seed": ep.seed, **m.to_dict(), "failure": ep.failure})
-    report = {"policy": policy, "scenario": scenario, "env_id": env_id, "seed": seed,
-              "aggregate": aggregate(metrics), "episodes": rows}
-    write_json(Path(out) / "metrics.json", report)
+        row = {"scenario": scenario, "episode": ep.index, "seed": ep.seed, **m.to_dict()}
+        rows.append(row)
+        if ep.index < videos and "image" in ep.obs:
+            from core.data.video import write_mp4
+            from driving.report import overlay_frames
+
+            rel = f"videos/episode_{ep.index}.mp4"
+            frames = overlay_frames(ep.obs["image"], record.overlays if record is not None else None, m.failure)
+            write_mp4(out / rel, frames, fps=1.0 / dt)
+            clips.append({"episode": ep.index, "seed": ep.seed, "path": rel, "driving_score": m.driving_score,
+                          "failure": m.failure})
+
+    with EpisodeRecorder(out, env_id, metadata, env_kwargs, video=False) as rec:
+        rollout(cfg, policy=guarded_factory(factory, label, guards), on_episode=on_episode)
+    rows.sort(key=lambda r: r["episode"])
+    clips.sort(key=lambda c: c["episode"])
+    result = {"scenario": scenario, "env_id": env_id, "aggregate": aggregate(metrics), "episodes": rows,
+              "videos": clips}
+    write_text(out / "episodes.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_json(out / "metrics.json", result)
+    return result
+
+
+def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "highway", episodes: int = 5,
+                    out: str | Path = "outputs/drive", seed: int = 0, video: bool = True, videos: int = 2,
+                    policy_args: Mapping[str, Any] | None = None, env_kwargs: Mapping[str, Any] | None = None,
+                    progress: bool = True) -> dict[str, Any]:
+    """Run and score ``episodes`` episodes of each scenario into ``out`` (layout in the module docstring).
+
+    Args:
+        policy: ``idm`` | ``constant`` | ``random`` | a ``POLICIES`` name | a checkpoint path, or a factory
+            callable ``(env, **policy_args) -> Policy``.
+        scenario: A scenario name, ``"all"``, or a list of names.
+        episodes: Episodes per scenario; episode ``j`` uses seed ``seed + j``.
+        out: The run folder (written directly; the CLI claims it first with ``claim_output``).
+        video: Record videos at all; ``videos``: how many (the first K episodes of each scenario).
+        policy_args: Keyword arguments of the policy factory.
+        env_kwargs: Extra ``gym.make`` keyword arguments (e.g. ``{"horizon_s": 5.0}``).
+
+    Returns:
+        ``{"policy", "policy_args", "seed", "n_episodes" (per scenario), "env_id" (or "all"), "scenarios":
+        {name: evaluate_scenario's result}, "aggregate": over all episodes, "episodes": all rows (each with its
+        "scenario")}``.
+    """
+    import sim
+    from sim.driving.metrics import EpisodeMetrics, aggregate
+
+    if not isinstance(episodes, int) or episodes < 1:
+        raise ConfigError(f"--episodes: must be an integer >= 1, got {episodes!r}")
+    if videos < 0:
+        raise ConfigError(f"--videos: must be >= 0, got {videos}")
+    names = scenario_list(scenario)
+    sim.register_envs()
+    policy_args = dict(policy_args or {})
+    factory, label = resolve_policy(policy, policy_args)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    n_videos = videos if video else 0
+    write_json(out / "config.json", {"policy": label, "policy_args": policy_args, "scenarios": names,
+                                     "episodes": episodes, "seed": seed, "videos": n_videos,
+                                     "env_kwargs": dict(env_kwargs or {})})
+    results = {}
+    for name in names:
+        results[name] = evaluate_scenario(factory, label, name, episodes, out / name, seed=seed, videos=n_videos,
+                                          env_kwargs=env_kwargs, progress=progress)
+        for clip in results[name]["videos"]:
+            clip["path"] = f"{name}/{clip['path']}"  # relative to the run folder
+    fields = set(EpisodeMetrics.__dataclass_fields__)
+    all_rows = [r for res in results.values() for r in res["episodes"]]
+    overall = aggregate(EpisodeMetrics(**{k: v for k, v in r.items() if k in fields}) for r in all_rows)
+    report = {"policy": label, "policy_args": policy_args, "seed": seed, "n_episodes": episodes,
+              "env_id": results[names[0]]["env_id"] if len(names) == 1 else "all",
+              "scenarios": results, "aggregate": overall, "episodes": all_rows}
+    write_json(out / "summary.json", {
+        "policy": label, "policy_args": policy_args, "seed": seed, "episodes": episodes,
+        "scenarios": {n: {"env_id": r["env_id"], "aggregate": r["aggregate"],
+                          "videos": [c["path"] for c in r["videos"]]} for n, r in results.items()},
+        "overall": overall,
+    })
+    from driving.report import write_reports
+
+    write_reports(out, report)
     return report
 
 
@@ -88,12 +453,21 @@ def drive_eval(args) -> int:
     prepare_process()
     from core.outputs import claim_output
 
+    policy_args = parse_policy_args(getattr(args, "policy_arg", None))
+    names = scenario_list(args.scenario)  # bad input fails before the folder is claimed
+    resolve_policy(args.policy, policy_args)
+    env_kwargs = {"horizon_s": args.horizon_s} if getattr(args, "horizon_s", None) else None
     with claim_output(args.out, command="drive eval", overwrite=getattr(args, "overwrite", False)) as out:
-        report = evaluate_policy(args.policy, args.scenario, args.episodes, out, seed=args.seed,
-                                 video=not args.no_video)
+        report = evaluate_policy(args.policy, names if len(names) > 1 else names[0], args.episodes, out,
+                                 seed=args.seed, video=not args.no_video, videos=args.videos,
+                                 policy_args=policy_args, env_kwargs=env_kwargs)
+    for sc in report["scenarios"].values():
+        a = sc["aggregate"]
+        print(f"{sc['env_id']} / {report['policy']} over {a['episodes']} episodes: DS {a['driving_score']:.3f}, "
+              f"SR {a['success_rate']:.2f}, collision {a['collision_rate']:.2f}, off-road {a['offroad_rate']:.2f}, "
+              f"timeout {a['timeout_rate']:.2f}, failed {a['failure_rate']:.2f}, route completion "
+              f"{a['route_completion']:.2f}, progress {a['progress_m']:.0f} m, mean speed {a['mean_speed_mps']:.1f} m/s")
     a = report["aggregate"]
-    print(f"{report['env_id']} / {args.policy} over {a['episodes']} episodes: driving score {a['driving_score']:.3f}, "
-          f"success rate {a['success_rate']:.2f}, collision rate {a['collision_rate']:.2f}, off-road rate "
-          f"{a['offroad_rate']:.2f}, route completion {a['route_completion']:.2f} (all fractions in [0, 1]), "
-          f"mean speed {a['mean_speed_mps']:.1f} m/s -> {args.out}")
+    print(f"overall ({a['episodes']} episodes): DS {a['driving_score']:.3f}, SR {a['success_rate']:.2f} "
+          f"(fractions in [0, 1]) -> {args.out}/index.html")
     return 0

@@ -106,14 +106,28 @@ def _add_drive(sub) -> None:
                        description="Closed-loop driving evaluation in the highway-env scenarios.")
     d = p.add_subparsers(dest="drive_cmd", metavar="CMD", required=True)
     e = d.add_parser("eval", help="drive N episodes with a policy and report closed-loop metrics",
-                     description="Drive N episodes of a scenario with a policy; writes per-episode metrics, "
-                                 "an aggregate (route completion, collisions, driving score) and videos.")
-    e.add_argument("--policy", required=True, help="automot | idm | constant | random | CHECKPOINT")
-    e.add_argument("--scenario", default="highway", help="highway | merge | roundabout | intersection | racetrack")
-    e.add_argument("--episodes", type=_positive_int, default=5)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--out", required=True)
-    e.add_argument("--no-video", action="store_true")
+                     description="Drive N episodes of one scenario (or of all five) with a policy; writes "
+                                 "per-episode rows, per-scenario and overall aggregates (Bench2Drive-style "
+                                 "driving score DS, success rate SR, collision rate, progress, comfort), "
+                                 "summary.md, index.html and videos of the first K episodes. Episode j uses "
+                                 "seed + j in every scenario and for every policy (paired rows). An episode "
+                                 "in which the policy raises or returns a NaN / wrong-shape action is scored "
+                                 "as failed (0) and the run goes on.")
+    e.add_argument("--policy", required=True,
+                   help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT")
+    e.add_argument("--scenario", default="highway",
+                   help="highway | merge | roundabout | intersection | racetrack | all (default: %(default)s)")
+    e.add_argument("--episodes", type=_positive_int, default=5, help="episodes per scenario (default: %(default)s)")
+    e.add_argument("--seed", type=int, default=0, help="episode j uses seed + j (default: %(default)s)")
+    e.add_argument("--out", required=True, help="output folder (refused if it holds another run)")
+    e.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", dest="policy_arg",
+                   help="keyword argument of the policy factory (repeatable; int / float / true|false / str), "
+                        "e.g. --policy-arg update_interval=2 --policy-arg refiner=true")
+    e.add_argument("--videos", type=_non_negative_int, default=2, metavar="K",
+                   help="record videos of the first K episodes of each scenario (default: %(default)s)")
+    e.add_argument("--no-video", action="store_true", help="record no video (same as --videos 0)")
+    e.add_argument("--horizon-s", type=float, default=None, dest="horizon_s",
+                   help="episode length in simulated seconds (default: each scenario's)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     e.set_defaults(func=_cmd_drive_eval)
 
@@ -266,6 +280,16 @@ def _cmd_methods(args) -> int:
 
 def _not_built(what: str) -> int:
     raise NotBuiltError(f"{what} is not built yet")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:

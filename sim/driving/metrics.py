@@ -6,20 +6,31 @@ Per episode (``episode_metrics`` from arrays, or ``EpisodeTracker`` fed ``Drivin
     collisions        number of collision events (rising edges of ``info["crashed"]``), split into
                       ``collisions_vehicle`` and ``collisions_static``.
     offroad_events    number of times the ego left the road (rising edges of ``info["offroad"]``).
+    timed_out         a FINITE route (merge, roundabout, intersection) was not completed when the horizon
+                      ended (the episode was truncated, not terminated): Bench2Drive's "scenario timeout".
+                      Never set on open-ended routes (highway, racetrack), where surviving is success.
     progress_m        distance driven along the route [m]; mean_speed_mps [m/s] over the episode's steps.
     mean_abs_jerk_mps3 / max_abs_jerk_mps3  longitudinal jerk [m/s^3] from second differences of the speed
                       (comfort; 0 for fewer than 3 speed samples).
-    infraction_penalty  product over events of the coefficients in ``PENALTIES``: vehicle collision 0.6
-                      and static collision 0.65 (CARLA leaderboard / Bench2Drive values), off-road 0.7
-                      (our choice: the leaderboard instead removes the off-road share from route
-                      completion; here leaving the road also ends the episode).
-    driving_score     route_completion x infraction_penalty, in [0, 1].
+    mean_abs_lat_acc_mps2 / max_abs_lat_acc_mps2  lateral acceleration speed x yaw rate [m/s^2], the yaw
+                      rate from ``info["ego_delta"][2] / dt`` (0 when the infos carry no ``ego_delta``).
+    max_abs_yaw_rate_rps  [rad/s].
+    comfortable       every step within nuPlan's comfort bounds (``COMFORT_LIMITS``: |longitudinal jerk|
+                      <= 4.13 m/s^3, |lateral acceleration| <= 4.89 m/s^2, |yaw rate| <= 0.95 rad/s).
+    infraction_penalty  product over events of the coefficients in ``PENALTIES``: vehicle collision 0.6,
+                      static collision 0.65 and scenario timeout 0.7 (CARLA leaderboard / Bench2Drive
+                      values), off-road 0.7 (our choice: the leaderboard instead removes the off-road share
+                      from route completion; here leaving the road also ends the episode).
+    driving_score     route_completion x infraction_penalty, in [0, 1]; 0 for a FAILED episode.
     success           the env reported success and no infraction happened (Bench2Drive's success rate:
-                      route completed with no infraction).
+                      route completed with no infraction); False for a failed episode.
+    failure           None, or the one-line reason the episode failed (the policy raised or returned a
+                      NaN / inf / wrong-shape action, or the simulator diverged). A failed episode scores 0.
 
-``aggregate`` averages over episodes: driving_score (DS), success_rate (SR), collision_rate and
-offroad_rate (share of episodes with at least one), and the means of the other fields. All fractions
-are in [0, 1]; multiply by 100 for the leaderboard's percentages.
+``aggregate`` averages over episodes: driving_score (DS), success_rate (SR), collision_rate,
+offroad_rate, timeout_rate and failure_rate (share of episodes with at least one such event),
+comfort_rate (share of comfortable episodes), and the means of the other fields. All fractions are in
+[0, 1]; multiply by 100 for the leaderboard's percentages.
 """
 
 from __future__ import annotations
@@ -30,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
-PENALTIES: dict[str, float] = {"collision_vehicle": 0.6, "collision_static": 0.65, "offroad": 0.7}
+PENALTIES: dict[str, float] = {"collision_vehicle": 0.6, "collision_static": 0.65, "offroad": 0.7, "timeout": 0.7}
+# nuPlan's ego-comfort bounds (``ego_is_comfortable``): |lon. jerk| m/s^3, |lat. acceleration| m/s^2, |yaw rate| rad/s
+COMFORT_LIMITS: dict[str, float] = {"jerk_mps3": 4.13, "lat_acc_mps2": 4.89, "yaw_rate_rps": 0.95}
 
 
 @dataclass(frozen=True)
@@ -50,11 +63,22 @@ class EpisodeMetrics:
     driving_score: float
     success: bool
     steps: int
+    timed_out: bool = False
+    mean_abs_lat_acc_mps2: float = 0.0
+    max_abs_lat_acc_mps2: float = 0.0
+    max_abs_yaw_rate_rps: float = 0.0
+    comfortable: bool = True
+    failure: str | None = None
 
     @property
     def collisions(self) -> int:
         """Total collision events."""
         return self.collisions_vehicle + self.collisions_static
+
+    @property
+    def failed(self) -> bool:
+        """Whether the episode failed (policy error / invalid action / simulator failure)."""
+        return self.failure is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready)."""
@@ -62,16 +86,17 @@ class EpisodeMetrics:
 
 
 def infraction_penalty(
-    collisions_vehicle: int = 0, collisions_static: int = 0, offroad_events: int = 0
+    collisions_vehicle: int = 0, collisions_static: int = 0, offroad_events: int = 0, timeouts: int = 0
 ) -> float:
     """Product of the ``PENALTIES`` coefficients over the infraction events."""
-    counts = (collisions_vehicle, collisions_static, offroad_events)
+    counts = (collisions_vehicle, collisions_static, offroad_events, timeouts)
     if any(c < 0 for c in counts):
         raise ValueError(f"infraction counts must be >= 0, got {counts}")
     return float(
         PENALTIES["collision_vehicle"] ** collisions_vehicle
         * PENALTIES["collision_static"] ** collisions_static
         * PENALTIES["offroad"] ** offroad_events
+        * PENALTIES["timeout"] ** timeouts
     )
 
 
@@ -84,6 +109,9 @@ def episode_metrics(
     collisions_static: int = 0,
     offroad_events: int = 0,
     completed: bool = False,
+    timed_out: bool = False,
+    yaw_rates: Sequence[float] | None = None,
+    failure: str | None = None,
 ) -> EpisodeMetrics:
     """Metrics of one episode from its per-step speeds and its final progress.
 
@@ -96,6 +124,9 @@ def episode_metrics(
         collisions_static: Collision events with static obstacles.
         offroad_events: Off-road events.
         completed: The env reported success (route end reached / horizon survived).
+        timed_out: A finite route was not completed when the horizon ended (penalty ``PENALTIES["timeout"]``).
+        yaw_rates: (T,) ego yaw rate over each step [rad/s] (lateral comfort); None: not measured (zeros).
+        failure: The one-line reason the episode failed, or None; a failed episode scores 0, no success.
 
     Returns:
         The episode's ``EpisodeMetrics``.
@@ -107,10 +138,21 @@ def episode_metrics(
     v = np.asarray(speeds, dtype=np.float64).reshape(-1)
     if not np.isfinite(v).all():
         raise ValueError("speeds contain NaN / inf")
+    w = np.zeros_like(v) if yaw_rates is None else np.asarray(yaw_rates, dtype=np.float64).reshape(-1)
+    if w.shape != v.shape:
+        raise ValueError(f"yaw_rates: expected {v.shape} like speeds, got {w.shape}")
+    w = np.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
     jerk = np.diff(v, n=2) / dt**2 if len(v) >= 3 else np.zeros(0)
+    lat = np.abs(v * w)
     rc = float(np.clip(progress_m / route_length_m, 0.0, 1.0))
-    penalty = infraction_penalty(collisions_vehicle, collisions_static, offroad_events)
+    timed_out = bool(timed_out and not completed)
+    penalty = infraction_penalty(collisions_vehicle, collisions_static, offroad_events, int(timed_out))
     clean = collisions_vehicle == 0 and collisions_static == 0 and offroad_events == 0
+    max_jerk = float(np.abs(jerk).max()) if len(jerk) else 0.0
+    max_lat = float(lat.max()) if len(lat) else 0.0
+    max_yaw = float(np.abs(w).max()) if len(w) else 0.0
+    comfortable = (max_jerk <= COMFORT_LIMITS["jerk_mps3"] and max_lat <= COMFORT_LIMITS["lat_acc_mps2"]
+                   and max_yaw <= COMFORT_LIMITS["yaw_rate_rps"])
     return EpisodeMetrics(
         route_completion=rc,
         progress_m=float(progress_m),
@@ -120,11 +162,17 @@ def episode_metrics(
         offroad_events=int(offroad_events),
         mean_speed_mps=float(v.mean()) if len(v) else 0.0,
         mean_abs_jerk_mps3=float(np.abs(jerk).mean()) if len(jerk) else 0.0,
-        max_abs_jerk_mps3=float(np.abs(jerk).max()) if len(jerk) else 0.0,
+        max_abs_jerk_mps3=max_jerk,
         infraction_penalty=penalty,
-        driving_score=rc * penalty,
-        success=bool(completed and clean),
+        driving_score=0.0 if failure is not None else rc * penalty,
+        success=bool(completed and clean and failure is None),
         steps=len(v),
+        timed_out=timed_out,
+        mean_abs_lat_acc_mps2=float(lat.mean()) if len(lat) else 0.0,
+        max_abs_lat_acc_mps2=max_lat,
+        max_abs_yaw_rate_rps=max_yaw,
+        comfortable=bool(comfortable),
+        failure=None if failure is None else str(failure),
     )
 
 
@@ -133,27 +181,37 @@ class EpisodeTracker:
 
     Args:
         dt: Policy period of the env [s] (``1 / env.unwrapped.policy_frequency``).
+        finite_route: The scenario's route has an end (merge, roundabout, intersection): a truncation
+            before success is a timeout. False for open-ended routes (highway, racetrack).
 
-    Usage: ``tracker.update(info)`` after every ``step`` (not after ``reset``), then ``tracker.result()``.
+    Usage: ``tracker.update(info, truncated)`` after every ``step`` (not after ``reset``), then
+    ``tracker.result()``. An ``info["failure"]`` (simulator failure) marks the episode failed.
     """
 
-    def __init__(self, dt: float):
+    def __init__(self, dt: float, finite_route: bool = False):
         self.dt = float(dt)
+        self.finite_route = bool(finite_route)
         self.speeds: list[float] = []
+        self.yaw_rates: list[float] = []
         self.progress = 0.0
         self.route_length = 0.0
         self.collisions = {"vehicle": 0, "static": 0}
         self.offroad_events = 0
         self.completed = False
+        self.truncated = False
+        self.failure: str | None = None
         self._crashed = False
         self._offroad = False
 
-    def update(self, info: Mapping[str, Any]) -> None:
-        """Add one step's info (speed, progress, route_length, crashed, collision_with, offroad, success)."""
+    def update(self, info: Mapping[str, Any], truncated: bool = False) -> None:
+        """Add one step's info (speed, progress, route_length, crashed, collision_with, offroad, success,
+        optional ego_delta and failure); ``truncated``: the env truncated the episode at this step."""
         for key in ("speed", "progress", "route_length", "crashed", "offroad", "success"):
             if key not in info:
                 raise KeyError(f"EpisodeTracker.update: info has no {key!r} (is this a DrivingEnv info?)")
         self.speeds.append(float(info["speed"]))
+        delta = info.get("ego_delta")
+        self.yaw_rates.append(float(np.asarray(delta).reshape(-1)[2]) / self.dt if delta is not None else 0.0)
         self.progress = float(info["progress"])
         self.route_length = float(info["route_length"])
         crashed, offroad = bool(info["crashed"]), bool(info["offroad"])
@@ -164,9 +222,12 @@ class EpisodeTracker:
             self.offroad_events += 1
         self._crashed, self._offroad = crashed, offroad
         self.completed = self.completed or bool(info["success"])
+        self.truncated = bool(truncated)
+        if info.get("failure") and self.failure is None:
+            self.failure = f"simulator failure: {info['failure']}"
 
-    def result(self) -> EpisodeMetrics:
-        """The episode's metrics so far."""
+    def result(self, failure: str | None = None) -> EpisodeMetrics:
+        """The episode's metrics so far; ``failure`` (e.g. the policy's error) overrides a simulator failure."""
         return episode_metrics(
             self.speeds,
             self.progress,
@@ -176,6 +237,9 @@ class EpisodeTracker:
             self.collisions["static"],
             self.offroad_events,
             self.completed,
+            timed_out=self.finite_route and self.truncated and not self.completed,
+            yaw_rates=self.yaw_rates,
+            failure=failure if failure is not None else self.failure,
         )
 
 
@@ -184,9 +248,10 @@ def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
 
     Returns:
         Dict with ``episodes`` (count), ``driving_score`` (DS, mean), ``success_rate`` (SR),
-        ``collision_rate`` / ``offroad_rate`` (share of episodes with at least one event),
-        ``infraction_penalty``, ``route_completion``, ``progress_m``, ``mean_speed_mps``, ``mean_abs_jerk_mps3``
-        (means over episodes). Empty input raises ``ValueError``.
+        ``collision_rate`` / ``offroad_rate`` / ``timeout_rate`` / ``failure_rate`` (share of episodes with
+        at least one such event), ``comfort_rate`` (share of comfortable episodes), ``infraction_penalty``,
+        ``route_completion``, ``progress_m``, ``mean_speed_mps``, ``mean_abs_jerk_mps3``,
+        ``max_abs_jerk_mps3``, ``mean_abs_lat_acc_mps2`` (means over episodes). Empty input raises ``ValueError``.
     """
     eps = list(episodes)
     if not eps:
@@ -201,9 +266,14 @@ def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
         "success_rate": mean(e.success for e in eps),
         "collision_rate": mean(e.collisions > 0 for e in eps),
         "offroad_rate": mean(e.offroad_events > 0 for e in eps),
+        "timeout_rate": mean(e.timed_out for e in eps),
+        "failure_rate": mean(e.failed for e in eps),
+        "comfort_rate": mean(e.comfortable for e in eps),
         "infraction_penalty": mean(e.infraction_penalty for e in eps),
         "route_completion": mean(e.route_completion for e in eps),
         "progress_m": mean(e.progress_m for e in eps),
         "mean_speed_mps": mean(e.mean_speed_mps for e in eps),
         "mean_abs_jerk_mps3": mean(e.mean_abs_jerk_mps3 for e in eps),
+        "max_abs_jerk_mps3": mean(e.max_abs_jerk_mps3 for e in eps),
+        "mean_abs_lat_acc_mps2": mean(e.mean_abs_lat_acc_mps2 for e in eps),
     }
