@@ -1,6 +1,6 @@
 """The chat template (Qwen-VL's ChatML) and the tokenised training example built from it.
 
-One turn, one image::
+One turn, one image (``n_images`` images: one vision block each, in order)::
 
     <|im_start|>user
     <|vision_start|><|image_pad|> x N<|vision_end|>QUESTION<|im_end|>
@@ -23,21 +23,27 @@ from core.vlm.tokenizer import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_S
 IGNORE = -100
 
 
-def prompt_text(question: str, n_image_tokens: int, system: str | None = None) -> str:
-    """The prompt up to and including the assistant header (what generation starts from)."""
+def prompt_text(question: str, n_image_tokens: int, system: str | None = None, n_images: int = 1) -> str:
+    """The prompt up to and including the assistant header (what generation starts from).
+
+    ``n_image_tokens`` is per image; ``n_images`` vision blocks are placed before the question (e.g. a few past
+    camera frames, oldest first)."""
+    if n_images < 0:
+        raise ValueError(f"n_images must be >= 0, got {n_images}")
     head = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
-    image = f"{VISION_START}{IMAGE_PAD * n_image_tokens}{VISION_END}" if n_image_tokens else ""
+    image = f"{VISION_START}{IMAGE_PAD * n_image_tokens}{VISION_END}" * n_images if n_image_tokens else ""
     return f"{head}{IM_START}user\n{image}{question}{IM_END}\n{IM_START}assistant\n"
 
 
 def encode(tokenizer: Any, question: str, answer: str | None, n_image_tokens: int,
-           system: str | None = None) -> dict[str, torch.Tensor]:
+           system: str | None = None, n_images: int = 1) -> dict[str, torch.Tensor]:
     """Token ids (and labels when ``answer`` is given) of one example.
 
     Returns:
         ``input_ids`` (L,) long; ``labels`` (L,) long (only with an answer), ``IGNORE`` on the prompt.
     """
-    prompt = tokenizer(prompt_text(question, n_image_tokens, system), add_special_tokens=False)["input_ids"]
+    prompt = tokenizer(prompt_text(question, n_image_tokens, system, n_images),
+                       add_special_tokens=False)["input_ids"]
     out = {"input_ids": torch.tensor(prompt, dtype=torch.long)}
     if answer is None:
         return out

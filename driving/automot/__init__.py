@@ -1,0 +1,1 @@
+"""AutoMoT: a mixture-of-transformers driving VLA (understanding expert = a Qwen-VL model, plus an action expert)."""
