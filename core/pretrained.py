@@ -274,7 +274,14 @@ def method_entry(path: str | Path, registry: Any, what: str) -> tuple[Path, Any]
     from core.registry import load_plugins
 
     load_plugins()
-    ckpt = resolve_checkpoint(path)
+    try:
+        ckpt = resolve_checkpoint(path)
+    except CheckpointError:
+        # a run folder of a method whose trained artefact is its own folder format (e.g. AutoMoT's policy/, a
+        # Deep-VRM detector): its resolved run config names the method, which knows how to read the rest
+        if not (Path(path) / CONFIG_FILE).is_file():
+            raise
+        ckpt = Path(path)
     method = read_config(ckpt).get("method")
     if not method:
         raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method, so no {what} can be built from it")

@@ -1,0 +1,15 @@
+"""Registers AutoMoT (named in pyproject's ``embodied.methods`` entry points): train / eval tasks, configs, the
+``automot`` and ``noreason`` driving policies and the demo section."""
+
+from core.registry import POLICIES, register_method
+
+register_method(
+    "automot",
+    folder="driving/automot",
+    description="mixture-of-transformers driving VLA (a VLM understanding expert + an action expert, joint "
+                "attention, asynchronous inference, a flow-matching waypoint refiner), closed loop in highway-env",
+    task="driving.automot.task",
+    config="driving.automot.configuration_automot",
+    policy="driving.automot.policy:make_policy",
+)
+POLICIES.register("noreason", "driving.automot.policy:make_noreason_policy", overwrite=True)
