@@ -232,8 +232,12 @@ def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSp
     return folder
 
 
-def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+             weights: bool = True):
     """(model, tokenizer) from a local ``save_pretrained`` folder of a supported family; offline.
+
+    ``weights=False`` builds the model from ``config.json`` with freshly initialised weights (for a caller that
+    loads a full state dict of its own next, e.g. a fine-tuned copy: the folder then needs no weight files).
 
     Raises:
         CheckpointError: No such folder, no ``config.json``, an unsupported model type, or unreadable weights.
@@ -254,10 +258,13 @@ def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str |
     if config.model_type not in FAMILIES:
         raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not a supported VLM {FAMILIES}")
     _, model_cls = _classes(config.model_type)
-    try:
-        model = model_cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{folder}: cannot load the weights ({str(e).splitlines()[0]})") from None
+    if not weights:
+        model = model_cls(config).to(dtype or torch.float32)
+    else:
+        try:
+            model = model_cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{folder}: cannot load the weights ({str(e).splitlines()[0]})") from None
     tokenizer = load_tokenizer(folder)
     if token_id(tokenizer, IMAGE_PAD) != image_token_id(model):
         raise CheckpointError(f"{folder}: the tokenizer's {IMAGE_PAD} id differs from the model's image_token_id")

@@ -292,15 +292,17 @@ def refiner_config(model_cfg: AutoMoTModelConfig, mot: nn.Module):
 # -- the policy folder ---------------------------------------------------------------------------------------------
 def save_policy(folder: Path, mot: nn.Module, refiner: nn.Module | None, model_cfg: AutoMoTModelConfig,
                 data: AutoMoTDataConfig, meta: dict[str, Any]) -> Path:
-    """``base/`` (the understanding expert's folder: config, tokenizer, processor), the trained weights (the
-    whole AutoMoT, VLM included), the refiner and ``automot.json``; written aside, then renamed."""
+    """``base/`` (the understanding expert's config, tokenizer and processor — its weights are in the next file),
+    the trained weights (the whole AutoMoT, VLM included), the refiner and ``automot.json``; written aside, then
+    renamed."""
     from core.checkpoint import save_weights
 
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if mot.vlm is not None:
-        shutil.copytree(Path(model_cfg.base_path), tmp / BASE_DIR)
+        shutil.copytree(Path(model_cfg.base_path), tmp / BASE_DIR,
+                        ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "qa_eval.json"))
     save_weights({k: v.detach().cpu().contiguous() for k, v in mot.state_dict().items()}, tmp / WEIGHTS_FILE)
     if refiner is not None:
         save_weights({k: v.detach().cpu().contiguous() for k, v in refiner.state_dict().items()}, tmp / REFINER_FILE)
@@ -334,7 +336,7 @@ def load_policy_model(folder: str | Path, device: str | torch.device = "cpu") ->
     if model_cfg.arm != "noreason":
         from core.vlm import load_vlm
 
-        vlm, tok = load_vlm(folder / BASE_DIR)
+        vlm, tok = load_vlm(folder / BASE_DIR, weights=False)  # the weights come with WEIGHTS_FILE
     mot, prompter, spec = build_policy_model(model_cfg, vlm, tok)
     state = load_weights(folder / WEIGHTS_FILE)
     missing, unexpected = mot.load_state_dict(state, strict=False)
@@ -412,16 +414,26 @@ def predict_waypoints(policy: dict[str, Any], batch: dict[str, Any], refine: boo
 
 
 def openloop(policy: dict[str, Any], ds: Any, batch: int = 64, limit: int | None = None) -> dict[str, Any]:
-    """Open-loop metrics on logged steps: L2 at 1 / 2 / 3 s and ADE of the coarse (and refined) plans against
-    the logged future, and meta-action accuracy against the expert's label."""
+    """Open-loop metrics on logged steps: L2 at 1 / 2 / 3 s, ADE and the collision rate of the coarse (and
+    refined) plans against the logged future (other agents at their logged positions at the waypoint times,
+    ``driving.openloop``), and meta-action accuracy against the expert's label. ``gt_collision_rate`` is the same
+    test on the logged future itself (the floor that approximation sets)."""
     from driving.automot.data import collate_driving
     from driving.automot.inputs import model_batch
-    from driving.openloop import l2_at_horizons
+    from driving.openloop import future_targets, l2_at_horizons, trajectory_collisions
 
     n = len(ds) if limit is None else min(limit, len(ds))
     idx = np.linspace(0, len(ds) - 1, n).round().astype(int) if n < len(ds) else np.arange(n)
+    futures: dict[int, np.ndarray] = {}
+
+    def agents_future(ei: int, t: int) -> np.ndarray:
+        if ei not in futures:
+            log_ = ds._logs[ei]
+            futures[ei] = future_targets(log_["poses"][:-1], log_["agents"], log_["dt"])[1]
+        return futures[ei][t]
+
     preds: dict[str, list[np.ndarray]] = {"coarse": [], "refined": []}
-    gts, hits = [], []
+    gts, hits, afs = [], [], []
     for lo in range(0, n, batch):
         s = collate_driving([ds[int(i)] for i in idx[lo: lo + batch]])
         res = predict_waypoints(policy, model_batch(s, policy["prompter"], policy["spec"]), refine=True, seed=lo)
@@ -430,12 +442,15 @@ def openloop(policy: dict[str, Any], ds: Any, batch: int = 64, limit: int | None
                 preds[k].append(res[k].cpu().numpy())
         gts.append(s["waypoints"].numpy())
         hits.append((res["meta"].cpu() == s["meta_action"]).numpy())
-    gt = np.concatenate(gts)
-    out: dict[str, Any] = {"samples": int(n), "meta_accuracy": float(np.concatenate(hits).mean())}
+        afs += [agents_future(int(e), int(t)) for e, t in zip(s["episode"], s["step"], strict=True)]
+    gt, af = np.concatenate(gts), np.stack(afs)
+    out: dict[str, Any] = {"samples": int(n), "meta_accuracy": float(np.concatenate(hits).mean()),
+                           "gt_collision_rate": float(trajectory_collisions(gt, af).mean())}
     for k, v in preds.items():
         if v:
             p = np.concatenate(v)
-            out[k] = {**l2_at_horizons(p, gt), "ade": float(np.linalg.norm(p - gt, axis=-1).mean())}
+            out[k] = {**l2_at_horizons(p, gt), "ade": float(np.linalg.norm(p - gt, axis=-1).mean()),
+                      "collision_rate": float(trajectory_collisions(p, af).mean())}
     return out
 
 
