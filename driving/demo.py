@@ -22,7 +22,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     return DemoSection(
         title="Closed-loop driving (highway-env)",
         lead="`embodied drive eval --policy idm|constant|random --scenario highway`: paired seeds, route "
-             "completion x infraction penalty = driving score. AutoMoT joins this table once it is built.",
+             "completion x infraction penalty = driving score. AutoMoT's section drives the same harness.",
         body=table(rows) + "".join(videos),
         figures={f"ds_{r['policy']}": r["driving_score"] for r in rows},
     )

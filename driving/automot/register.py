@@ -11,5 +11,6 @@ register_method(
     task="driving.automot.task",
     config="driving.automot.configuration_automot",
     policy="driving.automot.policy:make_policy",
+    demo="driving.automot.demo:demo_section",
 )
 POLICIES.register("noreason", "driving.automot.policy:make_noreason_policy", overwrite=True)

@@ -139,3 +139,19 @@ def test_meta_action_classes_are_the_experts():
     from sim.driving.expert import META_ACTIONS as EXPERT
 
     assert tuple(META_ACTIONS) == tuple(EXPERT)
+
+
+def test_shipped_policies_and_the_demo_section(tmp_path):
+    """The shipped AutoMoT and noreason policies load strictly, and the demo section drives the shipped AutoMoT
+    and the expert on the same seeds, with the recorded experiment below."""
+    from core.demo import DemoContext
+    from core.resources import asset
+    from driving.automot.demo import demo_section
+    from driving.automot.task import load_policy_model
+
+    for name, arm in (("automot", "automot"), ("automot_noreason", "noreason")):
+        policy = load_policy_model(asset("checkpoints", name))
+        assert policy["meta"]["model"]["arm"] == arm and "command" in policy["meta"]
+    section = demo_section(DemoContext(out=tmp_path))
+    assert "Recorded experiment" in section.body and "<video" in section.body
+    assert any(k.startswith("ds_automot_") for k in section.figures)
