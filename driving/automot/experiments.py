@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.summary_only:
         # the base VLM and the data first (one process: every arm then finds them built)
         train_and_eval(out, "automot", args.seeds[0], extra)
-        jobs = [(arm, s) for s in args.seeds for arm in ARMS if (arm, s) != ("automot", args.seeds[0])]
+        # the noreason arm needs no base VLM: last, so that it can also be trained beside the base's pretraining
+        jobs = [(arm, s) for arm in ("frozen", "automot", "noreason") for s in args.seeds
+                if (arm, s) != ("automot", args.seeds[0])]
         with cf.ThreadPoolExecutor(args.jobs) as ex:
             list(ex.map(lambda j: train_and_eval(out, j[0], j[1], extra), jobs))
         rows = closed_loop_rows(out, args.seeds)
