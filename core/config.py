@@ -470,6 +470,20 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
     return f"config error: {lines[-1] if lines else type(e).__name__}{place}"
 
 
+def from_dict_strict(cls: type, values: dict[str, Any], what: str) -> Any:
+    """``cls(**values)`` for a dataclass, where an unknown key is a one-line ``ConfigError`` naming it (and the
+    closest field) instead of a ``TypeError``; ``what`` names the config in the message."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in known]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"unknown {what} config key(s): {', '.join(hints)}")
+    return cls(**values)
+
+
 def choice(key: str, value: Any, options: Sequence[Any]) -> None:
     """Raise a one-line ``ConfigError`` naming ``key`` unless ``value`` is one of ``options``."""
     if value not in options:

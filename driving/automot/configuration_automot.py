@@ -16,11 +16,10 @@ needed for the ``noreason`` arm, and when given with a VLM they must agree with 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config import schema
+from core.config import from_dict_strict, schema
 from core.errors import ConfigError
 
 # the expert's label order (sim.driving.expert.META_ACTIONS; kept here so that this module imports light, tested equal)
@@ -117,16 +116,8 @@ class AutoMoTConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AutoMoTConfig:
-        """Build from a plain dict; an unknown key fails with a ``ConfigError`` naming it (and close matches)."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            hints = []
-            for k in unknown:
-                close = difflib.get_close_matches(k, known, n=1)
-                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ConfigError(f"unknown AutoMoT config key(s): {', '.join(hints)}")
-        return cls(**values)
+        """Build from a plain dict; an unknown key fails with a one-line ``ConfigError`` naming it."""
+        return from_dict_strict(cls, values, "AutoMoT")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

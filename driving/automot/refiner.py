@@ -34,7 +34,6 @@ are replaced by zeros with this probability (the coarse plan is always kept).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from core.config import from_dict_strict
 from core.diffusion import flow_matching as fm
 from core.errors import ConfigError
 from core.layers.dit import TimestepEmbedder, modulate
@@ -103,15 +103,7 @@ class RefinerConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RefinerConfig:
         """Build from a plain dict; an unknown key fails with a one-line ``ConfigError`` naming it."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in values if k not in known]
-        if unknown:
-            hints = []
-            for k in unknown:
-                close = difflib.get_close_matches(str(k), known, n=1)
-                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ConfigError(f"unknown refiner config key(s): {', '.join(hints)}")
-        return cls(**values)
+        return from_dict_strict(cls, values, "refiner")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a JSON-able dict."""
