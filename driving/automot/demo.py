@@ -38,7 +38,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
              "every N = 2 control steps, the action expert plans every step against its cached keys and values, and a "
              "pure-pursuit + PID controller tracks the coarse head's waypoints (the flow refiner did not help here: "
              "driving/automot/README.md). The "
-             "videos draw the planned waypoints (green) and the decoded meta-action. Same episode seeds for both "
+             "videos draw the planned waypoints (yellow dots on a magenta path) and the decoded meta-action (top left). Same episode seeds for both "
              "policies.",
         body=table(rows) + "".join(videos) + _recorded(),
         figures={f"ds_{r['policy'].split()[0]}_{r['scenario']}": r["driving_score"] for r in rows},
