@@ -128,9 +128,18 @@ def test_eval_writes_openloop_and_reasoning(trained):
     from driving.automot import task
 
     res = task.evaluate(_cfg(trained, "automot"))
-    assert set(res["openloop"]) >= {"coarse", "refined", "meta_accuracy"}
+    assert set(res["openloop"]) >= {"coarse", "refined", "meta_accuracy", "gt_collision_rate"}
     assert res["openloop"]["coarse"]["l2_3s"] >= 0 and 0 <= res["qa"]["acc"] <= 1
     assert read_json(trained / "automot" / "eval.json")["arm"] == "automot"
+    # the reported figures are the plan's: recompute ADE, L2 at 3 s and meta-action accuracy on every test step
+    policy = task.load_policy_model(trained / "automot")
+    batch, s = _batch(trained, policy, n=res["openloop"]["samples"])
+    out = policy["mot"](batch)
+    err = (out.waypoints - s["waypoints"]).norm(dim=-1)
+    ol = res["openloop"]
+    assert abs(ol["coarse"]["ade"] - float(err.mean())) < 1e-5
+    assert abs(ol["coarse"]["l2_3s"] - float(err[:, -1].mean())) < 1e-5
+    assert abs(ol["meta_accuracy"] - float((out.meta_logits.argmax(-1) == s["meta_action"]).float().mean())) < 1e-6
 
 
 def test_meta_action_classes_are_the_experts():
