@@ -20,6 +20,11 @@ jitter, 1 spp, box filter), so it is exact for the rendered geometry. Mitsuba's 
 y up, z forward; it is converted to OpenCV here. Intrinsics (pixel centres at integer coordinates):
 ``fx = fy = W / (2 tan(fov_x / 2))``, ``cx = (W - 1) / 2``, ``cy = (H - 1) / 2``.
 
+Two scene sources (``sample_scene`` / ``make_dataset`` ``source=``): "procedural" (the above) and
+"real": a real CC0 HDRI panorama (randomly rotated about the vertical, auto-exposed) as the only light,
+real material photos on the table and, in 60 % of the views, on a wall behind (``sim.render.real_assets``;
+test views use only held-out HDRIs / photos), and a robot-workspace camera looking down 25-60 deg.
+
 Deviation from TransNormal-Synthetic: no "view without the object" image, one table-top per view
 rather than sequences, and a few hundred small views instead of thousands of large ones.
 """
@@ -138,15 +143,28 @@ class Surface:
     Attributes:
         to_world: (4, 4) transform of Mitsuba's ``rectangle`` ([-1, 1]^2 in the z = 0 plane, normal +z).
         texture: (h, w, 3) float32 linear RGB albedo image, stretched over the rectangle.
+        uv_scale: (u, v) repeats of the texture across the rectangle (1, 1 = stretched once).
+        name: where the texture came from (a ``real_assets`` ref, or "procedural").
     """
 
     to_world: np.ndarray
     texture: np.ndarray
+    uv_scale: tuple[float, float] = (1.0, 1.0)
+    name: str = "procedural"
 
 
 @dataclass(frozen=True)
 class LabScene:
-    """Everything needed to render one view (both the glass render and its twin)."""
+    """Everything needed to render one view (both the glass render and its twin).
+
+    Attributes:
+        envmap: (h, 2h, 3) float32 linear-RGB latitude-longitude map (top row = world +z, the sky).
+        envmap_rotation_deg: rotation of the environment about the world's vertical (+z) axis.
+        envmap_scale: multiplier of the environment's radiance (the exposure of an HDRI).
+        light_radiance: radiance of the spherical area light; 0 = no sphere light.
+        provenance: where the assets came from (source "real": hdri, hdri_rotation_deg, exposure,
+            table_texture, backdrop_texture); empty for procedural scenes.
+    """
 
     camera: Camera
     objects: tuple[GlassObject, ...]
@@ -156,6 +174,9 @@ class LabScene:
     light_position: tuple[float, float, float] = (0.5, -0.5, 1.5)
     light_radius: float = 0.15
     light_radiance: float = 30.0
+    envmap_rotation_deg: float = 0.0
+    envmap_scale: float = 1.0
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -213,21 +234,22 @@ def _rot_z(angle: float) -> np.ndarray:
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
 
-def sample_scene(rng: np.random.Generator, size: int = DEFAULT_SIZE) -> LabScene:
-    """Draw one random table-top scene of 1-3 glass vessels (deterministic for a given ``rng`` state).
+SOURCES: tuple[str, ...] = ("procedural", "real")
 
-    Args:
-        rng: the random source (use ``dataset_io.view_rng(seed, index)`` for dataset views).
-        size: square image size in pixels.
-    """
+
+def _sample_objects(
+    rng: np.random.Generator, count: tuple[int, int] = (1, 4), spread: float = 0.1
+) -> tuple[list[GlassObject], list[tuple[np.ndarray, float]]]:
+    """``count[0]`` .. ``count[1] - 1`` non-overlapping glass vessels within ``spread`` metres of the origin,
+    and their (xy, radius) footprints."""
     objects: list[GlassObject] = []
     placed: list[tuple[np.ndarray, float]] = []
-    for _ in range(int(rng.integers(1, 4))):
+    for _ in range(int(rng.integers(*count))):
         kind = KINDS[int(rng.integers(len(KINDS)))]
         mesh = make_vessel(kind, rng)
         radius = float(np.linalg.norm(mesh.vertices[:, :2], axis=1).max()) + 0.005
         for _attempt in range(20):
-            xy = rng.uniform(-0.1, 0.1, 2)
+            xy = rng.uniform(-spread, spread, 2)
             if all(np.linalg.norm(xy - c) > radius + r for c, r in placed):
                 break
         else:
@@ -250,15 +272,78 @@ def sample_scene(rng: np.random.Generator, size: int = DEFAULT_SIZE) -> LabScene
                 twin_color=tuple(float(c) for c in color),
             )
         )
+    return objects, placed
+
+
+def _look_at_objects(
+    rng: np.random.Generator,
+    objects,
+    placed,
+    size: int,
+    elevation_deg: tuple[float, float],
+    dist_m: tuple[float, float],
+) -> tuple[Camera, np.ndarray, np.ndarray]:
+    """A camera on a random azimuth looking at the objects; returns (camera, footprint centre, heading)."""
     centre = np.mean([c for c, _ in placed], axis=0)
     top = max(float(o.geometry.vertices[:, 2].max()) for o in objects if isinstance(o.geometry, TriMesh))
     target = np.array([centre[0], centre[1], 0.4 * top])
     azimuth = rng.uniform(0, 2 * np.pi)
-    elevation = math.radians(rng.uniform(10.0, 45.0))
-    dist = rng.uniform(0.35, 0.55)
+    elevation = math.radians(rng.uniform(*elevation_deg))
+    dist = rng.uniform(*dist_m)
     heading = np.array([math.cos(azimuth), math.sin(azimuth), 0.0])
     origin = target + dist * (math.cos(elevation) * heading + np.array([0, 0, math.sin(elevation)]))
-    camera = Camera(tuple(origin), tuple(target), size, size)
+    return Camera(tuple(origin), tuple(target), size, size), centre, heading
+
+
+# Real source, auto exposure: the HDRI's scale puts the table (a diffuse, upward-facing surface of the
+# table texture's mean albedo) at this linear radiance (18 % grey, sRGB ~0.46), i.e. exposure =
+# REAL_TABLE_RADIANCE * pi / (irradiance * clip(mean albedo, 0.08, 0.8)), jittered log-uniformly by
+# REAL_EXPOSURE_JITTER.
+REAL_TABLE_RADIANCE = 0.18
+REAL_EXPOSURE_JITTER = (0.7, 1.4)
+REAL_BACKDROP_PROB = 0.6
+REAL_ELEVATION_DEG = (25.0, 60.0)
+REAL_DIST_M = (0.3, 0.65)
+# framing "closeup" (the glass decides the score): 2-4 vessels packed within 6 cm, a camera 0.2-0.32 m away
+# looking down 15-45 deg, so that glass covers a large share of the frame (measured in the README).
+FRAMINGS: tuple[str, ...] = ("workspace", "closeup")
+CLOSEUP_COUNT = (2, 5)
+CLOSEUP_SPREAD_M = 0.06
+CLOSEUP_ELEVATION_DEG = (15.0, 45.0)
+CLOSEUP_DIST_M = (0.2, 0.32)
+
+
+def sample_scene(
+    rng: np.random.Generator,
+    size: int = DEFAULT_SIZE,
+    source: str = "procedural",
+    split: str = "train",
+    framing: str = "workspace",
+) -> LabScene:
+    """Draw one random table-top scene of 1-3 glass vessels (deterministic for a given ``rng`` state).
+
+    Args:
+        rng: the random source (use ``dataset_io.view_rng(seed, index)`` for dataset views).
+        size: square image size in pixels.
+        source: "procedural" (procedural textures, a 16 x 32 procedural envmap and a sphere light) or
+            "real" (a real HDRI panorama, real material photos: ``sim.render.real_assets``; see
+            ``_sample_real``).
+        split: "train" | "test": which held-out assets a "real" scene may use (ignored by "procedural").
+        framing: "real" only: "workspace" (a robot's table camera, 1-3 vessels) or "closeup" (2-4 vessels
+            packed together, a close camera: glass fills much of the frame).
+    """
+    if source not in SOURCES:
+        raise ConfigError(f"source: expected one of {SOURCES}, got {source!r}")
+    if framing not in FRAMINGS:
+        raise ConfigError(f"framing: expected one of {FRAMINGS}, got {framing!r}")
+    if framing != "workspace" and source != "real":
+        raise ConfigError(f"framing {framing!r} needs source 'real', got {source!r}")
+    if split not in dataset_io.SPLITS:
+        raise ConfigError(f"split: expected one of {dataset_io.SPLITS}, got {split!r}")
+    if source == "real":
+        return _sample_real(rng, size, split, framing)
+    objects, placed = _sample_objects(rng)
+    camera, centre, heading = _look_at_objects(rng, objects, placed, size, (10.0, 45.0), (0.35, 0.55))
 
     table = Surface(
         _rectangle(np.zeros(3), np.array([0.0, 0, 1]), np.array([0.0, 1, 0]), 2.0, 2.0), _texture(rng)
@@ -280,6 +365,86 @@ def sample_scene(rng: np.random.Generator, size: int = DEFAULT_SIZE) -> LabScene
         light_position=tuple(float(v) for v in light_dir * light_dist),
         light_radius=float(light_radius),
         light_radiance=float(irradiance * light_dist**2 / (math.pi * light_radius**2)),
+    )
+
+
+def _sample_real(rng: np.random.Generator, size: int, split: str, framing: str = "workspace") -> LabScene:
+    """A scene under a real HDRI with real material photos (assets of ``split`` only).
+
+    Camera like a robot's workspace camera (elevation 25-60 deg, 0.3-0.65 m, no roll). The table is a
+    0.7-2 m x 0.6-1.6 m photo-textured rectangle (random offset, yaw and tile size 0.3-1.2 m), so the
+    HDRI's own ground shows beyond its edge at low elevations; a photo-textured wall stands behind the
+    objects in ``REAL_BACKDROP_PROB`` of the views, otherwise the panorama itself is what the glass
+    refracts. Lighting is the HDRI alone (no sphere light): rotated uniformly about +z, with an auto
+    exposure that puts the table at ``REAL_TABLE_RADIANCE`` from the HDRI's upper-hemisphere irradiance
+    (``real_assets.hdri_table_irradiance``) and the table texture's mean albedo, times a log-uniform
+    jitter; this also makes the dark "night" / "studio" panoramas usable without an extra light.
+    """
+    from sim.render import real_assets
+
+    hdris = real_assets.hdri_names(split)
+    tables = real_assets.texture_refs("table", split)
+    backdrops = real_assets.texture_refs("backdrop", split)
+
+    if framing == "closeup":
+        objects, placed = _sample_objects(rng, CLOSEUP_COUNT, CLOSEUP_SPREAD_M)
+        camera, centre, heading = _look_at_objects(rng, objects, placed, size, CLOSEUP_ELEVATION_DEG,
+                                                   CLOSEUP_DIST_M)
+    else:
+        objects, placed = _sample_objects(rng)
+        camera, centre, heading = _look_at_objects(rng, objects, placed, size, REAL_ELEVATION_DEG, REAL_DIST_M)
+
+    table_ref = tables[int(rng.integers(len(tables)))]
+    half = rng.uniform([0.35, 0.3], [1.0, 0.8])
+    yaw = rng.uniform(0, 2 * np.pi)
+    offset = rng.uniform(-0.15, 0.15, 2)
+    tile = rng.uniform(0.3, 1.2)
+    table = Surface(
+        _rectangle(
+            np.array([offset[0], offset[1], 0.0]),
+            np.array([0.0, 0, 1]),
+            np.array([-math.sin(yaw), math.cos(yaw), 0.0]),
+            float(half[0]),
+            float(half[1]),
+        ),
+        real_assets.load_texture(table_ref),
+        uv_scale=(float(2 * half[0] / tile), float(2 * half[1] / tile)),
+        name=table_ref,
+    )
+    backdrop = None
+    backdrop_ref = None
+    if rng.random() < REAL_BACKDROP_PROB:
+        backdrop_ref = backdrops[int(rng.integers(len(backdrops)))]
+        back_dist = rng.uniform(0.25, 0.6)
+        back_centre = np.array([centre[0], centre[1], 0.0]) - back_dist * heading + np.array([0, 0, 0.75])
+        tile = rng.uniform(0.6, 2.0)
+        backdrop = Surface(
+            _rectangle(back_centre, heading, np.array([0.0, 0, 1]), 1.5, 0.75),
+            real_assets.load_texture(backdrop_ref),
+            uv_scale=(float(3.0 / tile), float(1.5 / tile)),
+            name=backdrop_ref,
+        )
+    hdri = hdris[int(rng.integers(len(hdris)))]
+    rotation = float(rng.uniform(0.0, 360.0))
+    jitter = math.exp(rng.uniform(*np.log(REAL_EXPOSURE_JITTER)))
+    albedo = float(np.clip(table.texture.mean(), 0.08, 0.8))
+    exposure = REAL_TABLE_RADIANCE * math.pi / (real_assets.hdri_table_irradiance(hdri) * albedo) * jitter
+    return LabScene(
+        camera=camera,
+        objects=tuple(objects),
+        table=table,
+        backdrop=backdrop,
+        envmap=real_assets.load_light_probe(hdri),
+        light_radiance=0.0,
+        envmap_rotation_deg=rotation,
+        envmap_scale=float(exposure),
+        provenance={
+            "hdri": hdri,
+            "hdri_rotation_deg": rotation,
+            "exposure": float(exposure),
+            "table_texture": table_ref,
+            "backdrop_texture": backdrop_ref,
+        },
     )
 
 
@@ -332,33 +497,56 @@ def _sensor(mi, camera: Camera, sampler: dict, rfilter: str) -> dict:
     }
 
 
+def _bitmap(mi, img: np.ndarray):
+    """``mi.Bitmap`` of a float32 image (Mitsuba refuses read-only arrays such as the cached assets)."""
+    if not img.flags.writeable or not img.flags.c_contiguous or img.dtype != np.float32:
+        img = np.array(img, dtype=np.float32, order="C", copy=True)
+    return mi.Bitmap(img)
+
+
+def _env_to_world(mi, rotation_deg: float):
+    """Envmap transform: +90 deg about x (map top -> world +z), then ``rotation_deg`` about world +z."""
+    base = mi.ScalarTransform4f().rotate([1.0, 0.0, 0.0], 90.0)
+    if rotation_deg == 0.0:
+        return base  # exactly the transform procedural scenes have always used
+    return mi.ScalarTransform4f().rotate([0.0, 0.0, 1.0], float(rotation_deg)) @ base
+
+
 def _scene_dict(mi, scene: LabScene, twin: bool, integrator: dict, sampler: dict, rfilter: str) -> dict:
     d: dict[str, Any] = {
         "type": "scene",
         "integrator": integrator,
         "sensor": _sensor(mi, scene.camera, sampler, rfilter),
-        # Mitsuba's environment maps have +y up; rotate so that the map's top is the world's +z.
+        # Mitsuba's environment maps have +y up; rotate so that the map's top is the world's +z, then
+        # (optionally) about the world's +z.
         "env": {
             "type": "envmap",
-            "bitmap": mi.Bitmap(scene.envmap),
-            "to_world": mi.ScalarTransform4f().rotate([1.0, 0.0, 0.0], 90.0),
+            "bitmap": _bitmap(mi, scene.envmap),
+            "to_world": _env_to_world(mi, scene.envmap_rotation_deg),
         },
-        "light": {
+    }
+    if scene.envmap_scale != 1.0:
+        d["env"]["scale"] = float(scene.envmap_scale)
+    if scene.light_radiance > 0:
+        d["light"] = {
             "type": "sphere",
             "center": list(scene.light_position),
             "radius": scene.light_radius,
             "emitter": {"type": "area", "radiance": {"type": "rgb", "value": [scene.light_radiance] * 3}},
-        },
-    }
+        }
     for name, surf in (("table", scene.table), ("backdrop", scene.backdrop)):
         if surf is not None:
+            tex: dict[str, Any] = {
+                "type": "bitmap",
+                "bitmap": _bitmap(mi, surf.texture),
+                "raw": True,
+            }
+            if tuple(surf.uv_scale) != (1.0, 1.0):
+                tex["to_uv"] = mi.ScalarTransform4f().scale([surf.uv_scale[0], surf.uv_scale[1], 1.0])
             d[name] = {
                 "type": "rectangle",
                 "to_world": mi.ScalarTransform4f(surf.to_world.tolist()),
-                "bsdf": {
-                    "type": "diffuse",
-                    "reflectance": {"type": "bitmap", "bitmap": mi.Bitmap(surf.texture), "raw": True},
-                },
+                "bsdf": {"type": "diffuse", "reflectance": tex},
             }
     for i, obj in enumerate(scene.objects):
         name = f"object_{i:02d}"
@@ -475,8 +663,46 @@ def render_view(scene: LabScene, spp: int = 32, seed: int = 0) -> dict[str, np.n
 # Dataset
 
 
+def _real_meta(views: dict[str, dict[str, Any]], source: str) -> dict[str, Any]:
+    """meta.json keys of the "real" source: asset lists per split and per-view provenance."""
+    if source != "real":
+        return {}
+    from sim.render import real_assets
+
+    return {
+        "hdris": {"train": list(real_assets.HDRI_TRAIN), "test": list(real_assets.HDRI_TEST)},
+        "hdri_dir": str(real_assets.HDRI_DIR),
+        "table_textures": {k: list(v) for k, v in real_assets.TABLE_TEXTURES.items()},
+        "backdrop_textures": {k: list(v) for k, v in real_assets.BACKDROP_TEXTURES.items()},
+        "exposure": {
+            "table_radiance": REAL_TABLE_RADIANCE,
+            "jitter": list(REAL_EXPOSURE_JITTER),
+            "rule": "envmap scale = table_radiance * pi / (upper-hemisphere irradiance of the HDRI * clip(mean table albedo, 0.08, 0.8)) * jitter",
+        },
+        "views": views,
+    }
+
+
+def _render_dataset_view(args: tuple) -> tuple[LabScene, dict[str, np.ndarray]]:
+    """Worker of ``make_dataset``: sample and render view ``index`` (a pure function of its arguments)."""
+    seed, index, split, size, spp, source, framing = args
+    scene = sample_scene(dataset_io.view_rng(seed, index), size, source=source, split=split, framing=framing)
+    view = render_view(scene, spp=spp, seed=index)
+    # Only what the parent writes travels back (the scene keeps its meshes, not its textures).
+    light = LabScene(camera=scene.camera, objects=scene.objects, provenance=scene.provenance)
+    return light, {k: view[k] for k in ("rgb", "rgb_twin", "normals", "depth", "mask", "semantic")}
+
+
 def make_dataset(
-    out: Path, n: int, seed: int = 0, size: int | None = None, spp: int = 32, test_fraction: float = 0.2
+    out: Path,
+    n: int,
+    seed: int = 0,
+    size: int | None = None,
+    spp: int = 32,
+    test_fraction: float = 0.2,
+    source: str = "procedural",
+    workers: int = 1,
+    framing: str = "workspace",
 ) -> dict:
     """Render ``n`` views of random glass labware into ``out`` in the ``embodied-dense/1`` layout.
 
@@ -492,37 +718,65 @@ def make_dataset(
         size: square image size in pixels (default ``DEFAULT_SIZE``).
         spp: path-tracing samples per pixel.
         test_fraction: share of views (the last ones) that go to the ``test`` split.
+        source: "procedural" or "real" (``sample_scene``); with "real", test views use only the held-out
+            HDRIs / textures of ``sim.render.real_assets`` and meta.json lists them and, per view, the
+            HDRI, its rotation, the exposure and the texture refs (``views``).
+        workers: processes rendering views in parallel (spawn context); the files are identical to
+            ``workers=1`` because every view is seeded by its index and written by this process.
+        framing: "workspace" or "closeup" (source "real" only; ``sample_scene``).
 
     Returns:
         Summary dict: root, n, splits, size, spp, seconds, and the meta.json contents under "meta".
     """
     dataset_io.check_make_args(n, seed, size, spp, test_fraction)
+    if source not in SOURCES:
+        raise ConfigError(f"source: expected one of {SOURCES}, got {source!r}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError(f"workers: expected an int >= 1, got {workers!r}")
+    if framing not in FRAMINGS or (framing != "workspace" and source != "real"):
+        raise ConfigError(f"framing: expected one of {FRAMINGS} ('closeup' with source 'real'), got {framing!r}")
     size = DEFAULT_SIZE if size is None else size
     out = Path(out)
     t0 = time.perf_counter()
     counts = dict.fromkeys(dataset_io.SPLITS, 0)
     cameras: dict[str, dict[str, Any]] = {s: {} for s in dataset_io.SPLITS}
+    views: dict[str, dict[str, Any]] = {}
     glass_fraction = []
-    for split, sid, index in dataset_io.split_ids(n, test_fraction):
-        scene = sample_scene(dataset_io.view_rng(seed, index), size)
-        view = render_view(scene, spp=spp, seed=index)
-        write_dense_sample(
-            out,
-            split,
-            sid,
-            rgb=view["rgb"],
-            rgb_twin=view["rgb_twin"],
-            normals=view["normals"],  # zero vectors where invalid
-            depth=view["depth"],  # 0 where invalid
-            mask=view["mask"],  # bool -> 0 / 255
-            semantic=view["semantic"],
-        )
-        counts[split] += 1
-        cameras[split][sid] = {
-            "cam_to_world": scene.camera.cam_to_world().round(9).tolist(),
-            "objects": [o.kind for o in scene.objects],
-        }
-        glass_fraction.append(float(view["mask"].mean()))
+    jobs = dataset_io.split_ids(n, test_fraction)
+    args = [(seed, index, split, size, spp, source, framing) for split, _sid, index in jobs]
+    if workers > 1 and len(args) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(min(workers, len(args)), mp_context=multiprocessing.get_context("spawn"))
+        results = pool.map(_render_dataset_view, args)
+    else:
+        pool = None
+        results = map(_render_dataset_view, args)
+    try:
+        for (split, sid, _index), (scene, view) in zip(jobs, results):
+            write_dense_sample(
+                out,
+                split,
+                sid,
+                rgb=view["rgb"],
+                rgb_twin=view["rgb_twin"],
+                normals=view["normals"],  # zero vectors where invalid
+                depth=view["depth"],  # 0 where invalid
+                mask=view["mask"],  # bool -> 0 / 255
+                semantic=view["semantic"],
+            )
+            counts[split] += 1
+            cameras[split][sid] = {
+                "cam_to_world": scene.camera.cam_to_world().round(9).tolist(),
+                "objects": [o.kind for o in scene.objects],
+            }
+            if scene.provenance:
+                views[sid] = {"split": split, **scene.provenance}
+            glass_fraction.append(float(view["mask"].mean()))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     for split in dataset_io.SPLITS:
         if counts[split]:
             write_json(out / split / "cameras.json", cameras[split])
@@ -544,6 +798,10 @@ def make_dataset(
         spp=spp,
         max_depth=MAX_DEPTH,
         maps=["rgb", "rgb_twin", "normals", "depth", "mask", "semantic"],
+        source=source,
+        framing=framing,
+        mean_glass_fraction=round(float(np.mean(glass_fraction)), 4),
+        **_real_meta(views, source),
     )
     return {
         "root": str(out),
