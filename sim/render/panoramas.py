@@ -52,6 +52,14 @@ CLASSES: tuple[str, ...] = (
 )
 DEFAULT_HEIGHT = 64
 _INF = np.inf
+SOURCES = ("analytic", "mujoco")
+EQUIRECT_TEXT = (
+    "core.data.panoramas convention: pixel (u, v) centre at lon = (u + 0.5) / W * 2pi - pi (left to "
+    "right), lat = pi/2 - (v + 0.5) / H * pi (top row = zenith); OpenCV camera-frame direction "
+    "(cos lat sin lon, -sin lat, cos lat cos lon); the camera is upright (y along world -z) with "
+    "its forward axis at world azimuth yaw (cameras.json)"
+)
+"""The ``meta.json`` "equirect" text, shared with ``sim.render.scene_panoramas``."""
 
 
 @dataclass(frozen=True)
@@ -492,9 +500,20 @@ def random_room(rng: np.random.Generator) -> tuple[Room, np.ndarray, float]:
 
 
 def make_dataset(
-    out: Path, n: int, seed: int = 0, size: int | None = None, spp: int = 32, test_fraction: float = 0.2
+    out: Path,
+    n: int,
+    seed: int = 0,
+    size: int | None = None,
+    spp: int = 32,
+    test_fraction: float = 0.2,
+    source: str = "analytic",
+    **kwargs,
 ) -> dict:
     """Render ``n`` indoor panoramas into ``out`` in the ``embodied-dense/1`` layout.
+
+    Sources: ``"analytic"`` (this module's ray-cast box rooms, the default, documented below) or
+    ``"mujoco"`` (cube-map renders inside LIBERO / robosuite scenes: ``sim.render.scene_panoramas.
+    make_dataset``, which also takes ``face_size``, ``workers``, ``scenes`` through ``kwargs``).
 
     Written per view: ``rgb`` (H, 2H, 3) uint8, ``depth`` (H, 2H) uint16 millimetres of Euclidean
     distance from the camera centre (0 = invalid; never here: every ray hits the room), ``semantic``
@@ -508,10 +527,19 @@ def make_dataset(
         size: panorama height H in pixels (width 2H); default ``DEFAULT_HEIGHT``.
         spp: RGB anti-aliasing samples per pixel (``isqrt(spp)^2`` are used).
         test_fraction: share of views (the last ones) that go to ``test``.
+        source: ``"analytic"`` or ``"mujoco"`` (see above); ``kwargs`` only go to the mujoco source.
 
     Returns:
         Summary dict: root, n, splits, height, width, seconds, class pixel fractions, and "meta".
     """
+    if source not in SOURCES:
+        raise ConfigError(f"source: expected one of {list(SOURCES)}, got {source!r}")
+    if source == "mujoco":
+        from sim.render import scene_panoramas
+
+        return scene_panoramas.make_dataset(out, n, seed, size, spp, test_fraction, **kwargs)
+    if kwargs:
+        raise ConfigError(f"unexpected argument(s) {sorted(kwargs)} for source 'analytic'")
     dataset_io.check_make_args(n, seed, size, spp, test_fraction)
     height = DEFAULT_HEIGHT if size is None else size
     out = Path(out)
@@ -536,6 +564,7 @@ def make_dataset(
     meta = write_meta(
         out,
         generator="sim.render.panoramas (numpy analytic ray caster)",
+        source="analytic",
         seed=seed,
         depth="Euclidean distance from the camera centre in metres (uint16 millimetres in files, 0 invalid)",
         classes=list(CLASSES),
@@ -543,12 +572,7 @@ def make_dataset(
         projection="equirectangular",
         width=2 * height,
         height=height,
-        equirect=(
-            "core.data.panoramas convention: pixel (u, v) centre at lon = (u + 0.5) / W * 2pi - pi (left to "
-            "right), lat = pi/2 - (v + 0.5) / H * pi (top row = zenith); OpenCV camera-frame direction "
-            "(cos lat sin lon, -sin lat, cos lat cos lon); the camera is upright (y along world -z) with "
-            "its forward axis at world azimuth yaw (cameras.json)"
-        ),
+        equirect=EQUIRECT_TEXT,
         spp=max(1, math.isqrt(spp)) ** 2,
         maps=["rgb", "depth", "semantic"],
     )
