@@ -52,6 +52,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=int, default=None, help="image side in pixels (kind's default if unset)")
     p.add_argument("--frames", type=int, default=None, help="videos only: frames per clip (default 16)")
+    p.add_argument("--source", default=None,
+                   help="what the views are rendered from: normals real|procedural (default procedural), "
+                        "panoramas mujoco|analytic (default analytic); recorded in meta.json")
+    p.add_argument("--framing", default=None, choices=("workspace", "closeup"),
+                   help="normals --source real only: a workspace camera (default) or glass close up")
+    p.add_argument("--spp", type=int, default=None, help="samples per pixel (kind's default if unset)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="render views in this many processes (normals, panoramas; same files as 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     p.set_defaults(func=cmd_make_dataset)
 
@@ -161,7 +169,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
-    """Dispatch to ``sim.render.<kind>.make_dataset(out, n, seed, size)``."""
+    """Dispatch to ``sim.render.<kind>.make_dataset(out, n, seed, size, ...)`` (``--source`` etc. when given)."""
     if args.n < 1:
         raise ConfigError(f"--n: must be >= 1, got {args.n}")
     extra = {}
@@ -171,6 +179,16 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         if args.frames < 1:
             raise ConfigError(f"--frames: must be >= 1, got {args.frames}")
         extra["frames"] = args.frames
+    for flag, kinds in (("source", ("normals", "panoramas")), ("spp", ("normals", "panoramas")),
+                        ("workers", ("normals", "panoramas")), ("framing", ("normals",))):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if args.kind not in kinds:
+            raise ConfigError(f"--{flag}: only for make-dataset {' / '.join(kinds)}, not {args.kind}")
+        if flag not in ("source", "framing") and value < 1:
+            raise ConfigError(f"--{flag}: must be >= 1, got {value}")
+        extra[flag] = value
     try:
         module = importlib.import_module(f"sim.render.{args.kind}")
     except ModuleNotFoundError as e:
@@ -181,5 +199,5 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
 
     with claim_output(args.out, command=f"sim make-dataset {args.kind}", overwrite=args.overwrite) as out:
         module.make_dataset(out, args.n, seed=args.seed, size=args.size, **extra)
-    print(f"{args.kind}: {args.n} samples -> {args.out}")
+    print(f"{args.kind}: {args.n} samples{' from ' + args.source if args.source else ''} -> {args.out}")
     return 0

@@ -24,6 +24,8 @@ NORMAL_FRAME = (
     "camera side"
 )
 SPLITS = ("train", "test")
+# The source a renderer's meta.json implies when it names none (datasets written before sources existed).
+LEGACY_SOURCE = {"sim.render.panoramas": "analytic", "sim.render.normals": "procedural"}
 
 
 def check_make_args(n: int, seed: int, size: int | None, spp: int, test_fraction: float) -> None:
@@ -56,3 +58,35 @@ def split_ids(n: int, test_fraction: float) -> list[tuple[str, str, int]]:
 def view_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
     """The generator for view ``index`` of a dataset made with ``seed`` (independent of ``n``)."""
     return np.random.default_rng(np.random.SeedSequence([seed, index, stream]))
+
+
+def dataset_source(meta: dict) -> str | None:
+    """The ``source`` a dataset was rendered from (``meta.json``), or None for folders no renderer here wrote."""
+    if "source" in meta:
+        return str(meta["source"])
+    generator = str(meta.get("generator", ""))
+    for module, source in LEGACY_SOURCE.items():
+        if generator.startswith(module):
+            return source
+    return None
+
+
+def check_source(root, wanted: str, key: str, field: str = "source", default: str | None = None) -> None:
+    """Raise ``DataError`` when the rendered dataset at ``root`` has another ``field`` (``source`` or e.g.
+    ``framing``; ``default`` when its meta.json predates the field) than ``wanted``.
+
+    Folders that no renderer of this project wrote (real data with its own meta.json) pass unchecked.
+    """
+    from pathlib import Path
+
+    from core.errors import DataError
+    from core.io import read_json
+
+    meta = read_json(Path(root) / "meta.json")
+    source = dataset_source(meta)
+    if source is None:
+        return
+    found = source if field == "source" else str(meta.get(field, default))
+    if found != wanted:
+        raise DataError(Path(root) / "meta.json", f"rendered with {field} {found!r} but {key} is {wanted!r}: "
+                        "point data.root at another folder or remove this one")

@@ -63,3 +63,37 @@ def test_make_dataset_frames_flag_is_for_videos_only():
         _run(["make-dataset", "normals", "--n", "1", "--frames", "4", "--out", "/tmp/unused"])
     with pytest.raises(ConfigError, match="--frames: must be >= 1"):
         _run(["make-dataset", "videos", "--n", "1", "--frames", "0", "--out", "/tmp/unused"])
+
+
+def test_make_dataset_source_flags(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="--source: only for make-dataset normals / panoramas"):
+        _run(["make-dataset", "videos", "--n", "1", "--source", "real", "--out", "/tmp/unused"])
+    with pytest.raises(ConfigError, match="--workers: must be >= 1"):
+        _run(["make-dataset", "panoramas", "--n", "1", "--workers", "0", "--out", "/tmp/unused"])
+    with pytest.raises(ConfigError, match="source"):
+        _run(["make-dataset", "panoramas", "--n", "1", "--source", "holodeck", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()  # nothing half-written is left behind
+    out = tmp_path / "rooms"
+    assert _run(["make-dataset", "panoramas", "--n", "2", "--size", "8", "--spp", "1", "--source", "analytic",
+                 "--out", str(out)]) == 0
+    assert "from analytic" in capsys.readouterr().out
+    assert read_json(out / "meta.json")["splits"] == {"train": 1, "test": 1}
+
+
+def test_a_dataset_rendered_from_another_source_is_refused(tmp_path):
+    from core.errors import DataError
+    from core.io import write_json
+    from sim.render.dataset_io import check_source, dataset_source
+
+    root = tmp_path / "rooms"
+    assert _run(["make-dataset", "panoramas", "--n", "2", "--size", "8", "--spp", "1", "--out", str(root)]) == 0
+    check_source(root, "analytic", "data.render_source")
+    with pytest.raises(DataError, match="rendered with source 'analytic' but data.render_source is 'mujoco'"):
+        check_source(root, "mujoco", "data.render_source")
+    # meta.json written before sources existed: the renderer's name says which one it was
+    assert dataset_source({"generator": "sim.render.normals (Mitsuba 3 scalar_rgb path tracer)"}) == "procedural"
+    assert dataset_source({"generator": "someone else's scanner"}) is None
+    write_json(tmp_path / "real" / "meta.json", {"format": "embodied-dense/1"})
+    check_source(tmp_path / "real", "mujoco", "data.render_source")  # real data: not ours to judge
+    with pytest.raises(DataError, match="framing"):
+        check_source(root, "closeup", "data.render.framing", field="framing", default="workspace")
