@@ -98,13 +98,33 @@ def infer(args) -> int:
     return 0
 
 
-def _classes(ckpt: Path, n: int) -> list[str]:
-    if n == 10:
-        from sim.render.panoramas import CLASSES
+def _run_data(ckpt: Path) -> dict:
+    from core.io import read_json
 
-        return list(CLASSES)
-    if n == 14:
+    cfg_file = (ckpt if ckpt.is_dir() else ckpt.parent) / "config.json"
+    return read_json(cfg_file).get("data", {}) if cfg_file.is_file() else {}
+
+
+def render_source(ckpt: str | Path) -> str:
+    """The ``sim.render.panoramas`` source a checkpoint was trained on (its run config; "analytic" for
+    checkpoints made before sources existed)."""
+    return str(_run_data(Path(ckpt)).get("render_source", "analytic"))
+
+
+def _classes(ckpt: Path, n: int) -> list[str]:
+    """Class names of a checkpoint: from the dataset its run config names (the render source's list, or the
+    Stanford2D3D list), else by count for older checkpoints without one; ids as names when nothing matches."""
+    data = _run_data(ckpt)
+    if data.get("layout") == "stanford2d3d" or (not data and n == 14):
         from core.data.panoramas import S2D3D_CLASSES
 
-        return list(S2D3D_CLASSES)
-    return [str(i) for i in range(n)]
+        names = list(S2D3D_CLASSES)
+    elif data.get("render_source") == "mujoco":
+        from sim.render.scene_panoramas import CLASSES
+
+        names = list(CLASSES)
+    else:
+        from sim.render.panoramas import CLASSES
+
+        names = list(CLASSES)
+    return names if len(names) == n else [str(i) for i in range(n)]

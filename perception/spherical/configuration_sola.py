@@ -82,14 +82,16 @@ class SoLADataConfig(PanoramaDataConfig):
     """Panorama folders for SoLA (+ the synthetic set's render settings and the evaluation rotation).
 
     ``layout: embodied-dense`` reads ``root`` with ``core.data.panoramas.EquirectDataset`` (rendered by
-    ``sim.render.panoramas.make_dataset(root, render_n, render_seed, height, render_spp, test_fraction)``
-    when the folder is missing); ``layout: stanford2d3d`` reads ``Stanford2D3DDataset`` with
+    ``sim.render.panoramas.make_dataset(root, render_n, render_seed, height, render_spp, test_fraction,
+    source=render_source)`` when the folder is missing: ``render_source`` "mujoco" = cube-map renders inside
+    LIBERO / robosuite scenes, "analytic" = the fast flat-shaded boxes); ``layout: stanford2d3d`` reads ``Stanford2D3DDataset`` with
     ``train_areas`` / ``test_areas``. Panoramas are resized to ``height`` x ``2 height``.
     """
 
     render_n: int = 240
     render_seed: int = 0
     render_spp: int = 4
+    render_source: str = "mujoco"
     test_fraction: float = 0.2
     train_areas: list[str] = field(default_factory=lambda: ["area_1", "area_2", "area_3", "area_4", "area_6"])
     test_areas: list[str] = field(default_factory=lambda: ["area_5a", "area_5b"])
@@ -100,6 +102,7 @@ class SoLADataConfig(PanoramaDataConfig):
     def __post_init__(self):
         super().__post_init__()
         choice("data.rotate", self.rotate, ROTATIONS)
+        choice("data.render_source", self.render_source, ("mujoco", "analytic"))
         if self.render_n < 2:
             raise ConfigError(f"data.render_n must be >= 2, got {self.render_n}")
         if self.height < 8:

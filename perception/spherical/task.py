@@ -61,15 +61,21 @@ class ResizedPanoramas(Dataset):
 def ensure_data(data: SoLADataConfig) -> Path:
     """The dataset root, rendering the synthetic panoramas first when it is missing (embodied-dense only)."""
     root = Path(data.root)
-    if (root / "meta.json").is_file() or data.layout != "embodied-dense":
+    if data.layout != "embodied-dense":
+        return root
+    if (root / "meta.json").is_file():
+        from sim.render.dataset_io import check_source
+
+        check_source(root, data.render_source, "data.render_source")
         return root
     if root.exists() and any(root.iterdir()):
         raise DataError(root, "exists but has no meta.json (not an embodied-dense panorama folder)")
     from sim.render.panoramas import make_dataset
 
-    log.info("rendering %d panoramas (H=%d, seed %d) into %s", data.render_n, data.height, data.render_seed, root)
+    log.info("rendering %d %s panoramas (H=%d, seed %d) into %s", data.render_n, data.render_source, data.height,
+             data.render_seed, root)
     make_dataset(root, n=data.render_n, seed=data.render_seed, size=data.height, spp=data.render_spp,
-                 test_fraction=data.test_fraction)
+                 test_fraction=data.test_fraction, source=data.render_source)
     return root
 
 
@@ -171,17 +177,23 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     splits: seeds 1000 and 2000. Reproduce with
     ``python -c "from perception.spherical.task import calibrate_domain; calibrate_domain()"``.
     """
+    from core.bootstrap import prepare_process
+
+    prepare_process()  # the learning stack before any render context (MuJoCo EGL then triton segfaults)
     from core import domain
     from core.data.imread import read_image
-    from perception.spherical.cli import DEFAULT_CHECKPOINT
+    from perception.spherical.cli import DEFAULT_CHECKPOINT, render_source
     from sim.render.panoramas import make_dataset
 
+    checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)
+    source = render_source(checkpoint)  # the panoramas the checkpoint was trained on
+
     def load_split(name: str, seed: int, n: int) -> list:
-        root = Path(work) / name
+        root = Path(work) / f"{source}_{name}"
         if not (root / "meta.json").is_file():
-            make_dataset(root, n=n, seed=seed, size=64, spp=4, test_fraction=0.0)
+            make_dataset(root, n=n, seed=seed, size=64, spp=4, test_fraction=0.0, source=source)
         return [read_image(p) for p in sorted((root / "train" / "rgb").glob("*.png"))]
 
     sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
-    return domain.calibrate(Path(checkpoint or DEFAULT_CHECKPOINT), load_split, sizes,
-                            "sim.render.panoramas seeds 0 (train sample), 1000, 2000; 64 x 128")
+    return domain.calibrate(checkpoint, load_split, sizes,
+                            f"sim.render.panoramas source {source}, seeds 0 (train sample), 1000, 2000; 64 x 128")

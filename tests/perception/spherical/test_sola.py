@@ -350,6 +350,24 @@ def test_shipped_checkpoint_loads_and_the_demo_section_runs(tmp_path):
     assert model.config.attention == "sola_softmax"
     section = demo_section(DemoContext(out=tmp_path))
     assert section.figures["none_delta1"] > 0.3 and section.figures["so3_delta1"] > 0.3
-    assert abs(section.figures["so3_mae"] - section.figures["none_mae"]) < 0.25 * section.figures["none_mae"]
-    assert len(list((tmp_path / "img").glob("sola_*.png"))) == 10 + 3  # + the real panorama: rgb, depth, classes
-    assert (tmp_path / "sola" / "real" / "interior_depth.npy").is_file()  # `infer depth360` on a real HDRI ran
+    # rotation barely matters to SoLA: on the full held-out set its MAE rises 1.22x under SO(3) where the LPE
+    # baseline's rises 4.7x (perception/spherical/README.md); 2 demo views are noisier, hence the 2x bound
+    assert section.figures["so3_mae"] < 2.0 * section.figures["none_mae"]
+    # 10 held-out views (upright + rotated) + 2 first-release rooms + the real panorama (rgb, and depth + classes
+    # from the shipped and the first-release checkpoints)
+    assert len(list((tmp_path / "img").glob("sola_*.png"))) == 10 + 2 + 1 + 2 * 2
+    for run in ("real", "real_first"):  # `infer depth360` on a real HDRI ran with both checkpoints
+        assert (tmp_path / "sola" / run / "interior_depth.npy").is_file()
+    assert "mujoco data" in section.body and "analytic data" in section.body
+
+
+def test_class_names_follow_the_checkpoints_training_source():
+    from core.resources import asset
+    from perception.spherical.cli import _classes, render_source
+    from sim.render import panoramas, scene_panoramas
+
+    shipped, first = asset("checkpoints", "sola"), asset("checkpoints", "sola_analytic")
+    assert render_source(shipped) == "mujoco" and render_source(first) == "analytic"
+    assert _classes(shipped, 10) == list(scene_panoramas.CLASSES)
+    assert _classes(first, 10) == list(panoramas.CLASSES)
+    assert _classes(shipped, 7) == [str(i) for i in range(7)]  # a list of another length is never guessed
