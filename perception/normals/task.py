@@ -39,16 +39,23 @@ def ensure_data(data) -> Path:
     if (root / "meta.json").is_file() or data.layout == "cleargrasp":
         if not root.exists():
             raise DataError(root, "no such folder")
+        render = getattr(data, "render", None)
+        if data.layout != "cleargrasp" and render is not None and render.n > 0:
+            from sim.render.dataset_io import check_source
+
+            check_source(root, render.source, "data.render.source")
+            check_source(root, render.framing, "data.render.framing", field="framing", default="workspace")
         return root
     render = getattr(data, "render", None)
     if render is None or render.n < 1:
         raise DataError(root / "meta.json", "no such file (set data.render.n to render the synthetic set)")
     from sim.render.normals import make_dataset
 
-    log.info("rendering %d views (seed %d, %d px, %d spp) into %s", render.n, render.seed, render.size,
-             render.spp, root)
+    log.info("rendering %d %s views (seed %d, %d px, %d spp) into %s", render.n, render.source, render.seed,
+             render.size, render.spp, root)
     make_dataset(root, n=render.n, seed=render.seed, size=render.size, spp=render.spp,
-                 test_fraction=render.test_fraction)
+                 test_fraction=render.test_fraction, source=render.source, workers=render.workers,
+                 framing=render.framing)
     return root
 
 
@@ -239,18 +246,25 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     calibration and held-out splits: renders of seeds 1000 and 2000 that no model saw. Reproduce with
     ``python -c "from perception.normals.task import calibrate_domain; calibrate_domain()"``.
     """
+    from core.bootstrap import prepare_process
+
+    prepare_process()  # the learning stack before any render context (MuJoCo EGL then triton segfaults)
     from core import domain
     from core.data.images import DenseImageDataset
     from perception.normals.cli import DEFAULT_CHECKPOINT
+    from perception.normals.demo import render_source
     from sim.render.normals import make_dataset
 
+    checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)
+    source = render_source(checkpoint)  # the renders the checkpoint was trained on
+
     def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
-        root = Path(work) / name
+        root = Path(work) / f"{source}_{name}"
         if not (root / "meta.json").is_file():
-            make_dataset(root, n=n, seed=seed, size=64, spp=32, test_fraction=0.0)
+            make_dataset(root, n=n, seed=seed, size=64, spp=32, test_fraction=0.0, source=source)
         ds = DenseImageDataset(root, "train", keys=("rgb",))
         return [ds[i]["rgb"].permute(1, 2, 0).numpy() for i in range(len(ds))]
 
     sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
-    return domain.calibrate(Path(checkpoint or DEFAULT_CHECKPOINT), load_split, sizes,
-                            "sim.render.normals seeds 0 (train sample), 1000, 2000; 64 px")
+    return domain.calibrate(checkpoint, load_split, sizes,
+                            f"sim.render.normals source {source}, seeds 0 (train sample), 1000, 2000; 64 px")

@@ -1,0 +1,227 @@
+"""TransNormal experiments, rerunnable, every number through the public CLI (one thread per run).
+
+``realism`` — old data vs new data: both checkpoints on both held-out sets and on real photos.
+
+    python -m perception.normals.experiments realism --out outputs/transnormal_realism \
+        [--old assets/checkpoints/transnormal_procedural] [--new outputs/transnormal] [--train]
+
+``--old`` was trained on glassware in front of procedural backdrops under a procedural sky
+(``data.render.source=procedural``), ``--new`` on glassware under the real HDR panoramas with real photo
+textures (the default ``embodied train transnormal``; ``--train`` runs it first when ``--new`` has no
+checkpoint). Both are scored by ``embodied eval transnormal`` on each held-out split (the other checkpoint and
+the constant normal as ``eval.baselines``), whole image and glass pixels, and run by ``embodied infer normals``
+on real photos (no ground truth: qualitative, with the domain check's distance). ``summary.json`` /
+``summary.md`` hold the tables.
+
+``glass`` — does a pretrained context encoder help on transparent objects? Glass-dominated close-up renders
+(``data.render.framing=closeup``, real HDR light; rendered once on first use), one VAE pre-trained once and
+shared by every arm, then each arm x seed trained for the same steps on the same data and scored on the
+held-out split's glass pixels (and the whole image):
+
+    python -m perception.normals.experiments glass --out outputs/transnormal_glass --seeds 0 1 \
+        --arms effnet dino none diffusion effnet_nocons effnet_nowav --steps 1500 [--size 96] [--crop 64] [--jobs 2]
+
+Arms (``GLASS_ARMS``): ``effnet`` the frozen ImageNet EfficientNet-Lite0 as context (pretrained), ``dino`` the
+random frozen DINOv3 (the default), ``none`` one learned null token, ``diffusion`` the multi-step baseline (same
+UNet, 10 DDIM steps, with the pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or the
+wavelet loss switched off.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from core.experiments import run_cli
+from core.io import read_json, write_json, write_text
+
+TEST_SETS = {  # name -> (data.root, data.render.source); both rendered n 320, seed 0, 64 px, 32 spp
+    "procedural": ("outputs/datasets/transnormal_procedural", "procedural"),
+    "real light + textures": ("outputs/datasets/transnormal", "real"),
+}
+REAL_PHOTOS = ("coffee", "astronaut")  # scikit-image photos; no real photo of glassware installs offline
+
+
+def _eval(out: Path, ckpt_new: str, ckpt_old: str, test: str) -> dict[str, Any]:
+    root, source = TEST_SETS[test]
+    run_dir = out / f"eval_{source}"
+    if not (run_dir / "eval.json").is_file():
+        run_cli(["eval", "transnormal", f"out_dir={run_dir}", f"eval.checkpoint={ckpt_new}",
+                 f"eval.baselines=[constant,{ckpt_old}]", f"data.root={root}", f"data.render.source={source}",
+                 "trainer.progress=false"], run_dir.with_suffix(".log"))
+    return read_json(run_dir / "eval.json")
+
+
+def real_photos(out: Path, ckpts: dict[str, str]) -> dict[str, Any]:
+    """Each checkpoint's normal map on the real photos, with the domain check's feature distance."""
+    import cv2
+
+    from core import domain
+    from core.data.images import write_image
+    from core.data.samples import skimage_photo
+
+    src = out / "photos"
+    src.mkdir(parents=True, exist_ok=True)
+    photos = {}
+    for name in REAL_PHOTOS:
+        photos[name] = cv2.resize(skimage_photo(name), (192, 128), interpolation=cv2.INTER_AREA)
+        write_image(src / f"{name}.png", photos[name])
+    rows: dict[str, Any] = {}
+    for tag, ckpt in ckpts.items():
+        d = out / f"real_{tag}"
+        if not all((d / f"{name}_normals.png").is_file() for name in REAL_PHOTOS):
+            run_cli(["infer", "normals", *(str(src / f"{n}.png") for n in REAL_PHOTOS), "--out", str(d),
+                     "--checkpoint", ckpt, "--overwrite"], d.with_suffix(".log"))
+        dist = domain.check(Path(ckpt), list(photos.values()))
+        for k, name in enumerate(REAL_PHOTOS):
+            rows.setdefault(name, {})[tag] = {"normals_png": str(d / f"{name}_normals.png"),
+                                              "domain_distance": None if dist is None else round(dist[k], 3)}
+    return rows
+
+
+def _resolve(ckpt: str) -> str:
+    from core.checkpoint import resolve_checkpoint
+
+    return str(resolve_checkpoint(ckpt))
+
+
+def realism(args) -> dict[str, Any]:
+    out = args.out
+    if args.train and not (Path(args.new) / "checkpoints").is_dir() and not (Path(args.new) / "model.safetensors").is_file():
+        run_cli(["train", "transnormal", f"out_dir={args.new}", "trainer.progress=false",
+                 "trainer.tensorboard=false"], out / "train_new.log")
+    rows = []
+    for test in TEST_SETS:
+        e = _eval(out, args.new, args.old, test)
+        for key, m in e["models"].items():
+            label = {"transnormal": "new (real-light data)", "constant": "constant normal (train mean)"}.get(
+                key, "old (procedural data)")
+            rows.append({"model": label, "test set": f"{test} ({e['views']} views)", "mean": m["all"]["mean"],
+                         "median": m["all"]["median"], "a11.25": m["all"]["a11.25"],
+                         "glass_mean": m["glass"].get("mean"), "glass_median": m["glass"].get("median"),
+                         "glass_a11.25": m["glass"].get("a11.25")})
+    photos = real_photos(out, {"old": _resolve(args.old), "new": _resolve(args.new)})
+    summary = {"checkpoints": {"old": args.old, "new": args.new}, "heldout": rows, "real_photos": photos}
+    write_json(out / "summary.json", summary)
+    lines = ["| model | test set | mean (deg) | median | < 11.25 deg | glass mean | glass median | glass < 11.25 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['model']} | {r['test set']} | {_f(r['mean'])} | {_f(r['median'])} | {_f(r['a11.25'], True)} | "
+              f"{_f(r['glass_mean'])} | {_f(r['glass_median'])} | {_f(r['glass_a11.25'], True)} |" for r in rows]
+    lines += ["", "Real photos (no ground truth): domain-check feature distance old / new: " + ", ".join(
+        f"{n} {p['old']['domain_distance']} / {p['new']['domain_distance']}" for n, p in photos.items())]
+    write_text(out / "summary.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return summary
+
+
+def _f(v, pct=False) -> str:
+    return "-" if v is None else (f"{v:.1f} %" if pct else f"{v:.1f}")  # a11.25 is already in percent
+
+
+GLASS_ARMS: dict[str, list[str]] = {
+    "effnet": ["model.context_encoder=efficientnet_lite0"],
+    "dino": [],
+    "none": ["model.use_dino=false"],
+    "diffusion": ["model.mode=diffusion", "model.context_encoder=efficientnet_lite0"],
+    "effnet_nocons": ["model.context_encoder=efficientnet_lite0", "model.w_cons=0"],
+    "effnet_nowav": ["model.context_encoder=efficientnet_lite0", "model.w_wav=0"],
+    "dino_nocons": ["model.w_cons=0"],
+    "none_nocons": ["model.use_dino=false", "model.w_cons=0"],
+}
+
+
+def _glass_common(args) -> list[str]:
+    """Data and model size overrides shared by every arm (and the VAE run)."""
+    root = args.data or f"outputs/datasets/transnormal_glass{args.size}"
+    return [f"data.root={root}", f"data.image_size={args.size}", f"data.render.size={args.size}",
+            f"data.render.n={args.n}", "data.render.source=real", "data.render.framing=closeup",
+            f"data.render.workers={args.jobs}", f"model.image_size={args.crop}", f"model.processing_res={args.size}",
+            "trainer.progress=false", "trainer.tensorboard=false"]
+
+
+def glass_run(args, arm: str, seed: int) -> Path:
+    run_dir = args.out / f"{arm}_s{seed}"
+    overrides = [*_glass_common(args), *GLASS_ARMS[arm], f"model.vae_path={args.out / 'vae_base' / 'vae'}",
+                 f"trainer.seed={seed}", f"trainer.max_steps={args.steps}", f"trainer.ckpt_every={args.steps}",
+                 f"out_dir={run_dir}"]
+    if not (run_dir / "eval.json").is_file():
+        run_cli(["train", "transnormal", *overrides], run_dir.with_suffix(".log"))
+        run_cli(["eval", "transnormal", *overrides, "eval.baselines=[constant]"], run_dir.with_suffix(".log"))
+    return run_dir
+
+
+def glass(args) -> dict[str, Any]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from core.experiments import mean_sd
+
+    out = args.out
+    vae = out / "vae_base"
+    if not (vae / "vae").is_dir():  # renders the data on first use, then stage 1 only (one UNet step)
+        run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
+                out / "vae_base.log", threads=max(1, args.jobs))
+    runs = [(arm, seed) for arm in args.arms for seed in args.seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda r: glass_run(args, *r), runs))
+    rows, const = [], []
+    for arm in args.arms:
+        evals = [read_json(out / f"{arm}_s{s}" / "eval.json") for s in args.seeds
+                 if (out / f"{arm}_s{s}" / "eval.json").is_file()]
+        if not evals:
+            continue
+        const += [e["models"]["constant"] for e in evals]
+        m = [e["models"]["transnormal"] for e in evals]
+        rows.append({"arm": arm, "seeds": len(m), "steps": m[0].get("steps"),
+                     **{f"glass_{k}": mean_sd([x["glass"][k] for x in m]) for k in ("mean", "median", "a11.25")},
+                     **{f"all_{k}": mean_sd([x["all"][k] for x in m]) for k in ("mean", "median", "a11.25")},
+                     "per_seed_glass_mean": [round(x["glass"]["mean"], 2) for x in m]})
+    if const:
+        rows.append({"arm": "constant normal (train mean)", "seeds": 1, "steps": None,
+                     **{f"glass_{k}": mean_sd([const[0]["glass"][k]]) for k in ("mean", "median", "a11.25")},
+                     **{f"all_{k}": mean_sd([const[0]["all"][k]]) for k in ("mean", "median", "a11.25")},
+                     "per_seed_glass_mean": [round(const[0]["glass"]["mean"], 2)]})
+    meta = read_json(Path(_glass_common(args)[0].split("=", 1)[1]) / "meta.json")
+    summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+               "mean_glass_fraction": meta.get("mean_glass_fraction"), "rows": rows}
+    write_json(out / "summary.json", summary)
+
+    def ms(d, pct=False):
+        return f"{_f(d['mean'], pct)} ± {d['sd']:.1f}"
+
+    lines = ["| arm | seeds | steps | glass mean (deg) | glass median | glass < 11.25 | all mean | all median | "
+             "all < 11.25 | glass mean per seed |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['arm']} | {r['seeds']} | {r['steps'] or '-'} | {ms(r['glass_mean'])} | {ms(r['glass_median'])} | "
+              f"{ms(r['glass_a11.25'], True)} | {ms(r['all_mean'])} | {ms(r['all_median'])} | "
+              f"{ms(r['all_a11.25'], True)} | {r['per_seed_glass_mean']} |" for r in rows]
+    write_text(out / "summary.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("realism", help="old data vs new data (both checkpoints, both test sets, real photos)")
+    r.add_argument("--out", type=Path, default=Path("outputs/transnormal_realism"))
+    r.add_argument("--old", default="assets/checkpoints/transnormal_procedural")
+    r.add_argument("--new", default="outputs/transnormal")
+    r.add_argument("--train", action="store_true", help="train --new first (embodied train transnormal) if missing")
+    r.set_defaults(func=realism)
+    g = sub.add_parser("glass", help="context encoders and losses on glass-dominated renders")
+    g.add_argument("--out", type=Path, default=Path("outputs/transnormal_glass"))
+    g.add_argument("--arms", nargs="+", default=["effnet", "none"], choices=list(GLASS_ARMS))
+    g.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    g.add_argument("--steps", type=int, default=1500)
+    g.add_argument("--size", type=int, default=96, help="rendered view side (px)")
+    g.add_argument("--crop", type=int, default=64, help="training crop side (model.image_size)")
+    g.add_argument("--n", type=int, default=480, help="views to render (the last 20 % are the test split)")
+    g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
+    g.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    g.set_defaults(func=glass)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    main()
