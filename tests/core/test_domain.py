@@ -42,14 +42,15 @@ def test_fit_save_load_and_warn(tmp_path, capsys):
 def test_shipped_sola_flags_a_real_panorama_not_a_render(tmp_path):
     from core.data.samples import blender_hdri
     from core.errors import DataError
-    from perception.spherical.cli import DEFAULT_CHECKPOINT, read_panorama
+    from perception.spherical.cli import DEFAULT_CHECKPOINT, read_panorama, render_source
     from sim.render.panoramas import make_dataset
 
     try:
         real = read_panorama(blender_hdri("interior"))
     except DataError as e:
         pytest.skip(str(e))
-    make_dataset(tmp_path, n=2, seed=4321, size=64, spp=4, test_fraction=0.0)
+    # renders of the kind the checkpoint was trained on (its source), from a seed it never saw
+    make_dataset(tmp_path, n=2, seed=4321, size=64, spp=4, test_fraction=0.0, source=render_source(DEFAULT_CHECKPOINT))
     from core.data.imread import read_image
 
     renders = [read_image(p) for p in sorted((tmp_path / "train" / "rgb").glob("*.png"))]
