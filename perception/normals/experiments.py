@@ -3,12 +3,12 @@
 ``realism`` — old data vs new data: both checkpoints on both held-out sets and on real photos.
 
     python -m perception.normals.experiments realism --out outputs/transnormal_realism \
-        [--old assets/checkpoints/transnormal_procedural] [--new outputs/transnormal] [--train]
+        [--old assets/checkpoints/transnormal_procedural] [--new outputs/transnormal_workspace] [--train]
 
 ``--old`` was trained on glassware in front of procedural backdrops under a procedural sky
 (``data.render.source=procedural``), ``--new`` on glassware under the real HDR panoramas with real photo
-textures (the default ``embodied train transnormal``; ``--train`` runs it first when ``--new`` has no
-checkpoint). Both are scored by ``embodied eval transnormal`` on each held-out split (the other checkpoint and
+textures, same camera distances and sizes (``embodied train transnormal experiment=transnormal_workspace``;
+``--train`` runs it first when ``--new`` has no checkpoint). Both are scored by ``embodied eval transnormal`` on each held-out split (the other checkpoint and
 the constant normal as ``eval.baselines``), whole image and glass pixels, and run by ``embodied infer normals``
 on real photos (no ground truth: qualitative, with the domain check's distance). ``summary.json`` /
 ``summary.md`` hold the tables.
@@ -25,6 +25,8 @@ Arms (``GLASS_ARMS``): ``effnet`` the frozen ImageNet EfficientNet-Lite0 as cont
 random frozen DINOv3 (the default), ``none`` one learned null token, ``diffusion`` the multi-step baseline (same
 UNet, 10 DDIM steps, with the pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or the
 wavelet loss switched off.
+
+``ship RUN`` copies a run's checkpoint into ``assets/checkpoints/transnormal`` (self-contained: see ``ship``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _eval(out: Path, ckpt_new: str, ckpt_old: str, test: str) -> dict[str, Any]:
     root, source = TEST_SETS[test]
     run_dir = out / f"eval_{source}"
     if not (run_dir / "eval.json").is_file():
-        run_cli(["eval", "transnormal", f"out_dir={run_dir}", f"eval.checkpoint={ckpt_new}",
+        run_cli(["eval", "transnormal", "experiment=transnormal_workspace", f"out_dir={run_dir}",
+                 f"eval.checkpoint={ckpt_new}",
                  f"eval.baselines=[constant,{ckpt_old}]", f"data.root={root}", f"data.render.source={source}",
                  "trainer.progress=false"], run_dir.with_suffix(".log"))
     return read_json(run_dir / "eval.json")
@@ -89,8 +92,8 @@ def _resolve(ckpt: str) -> str:
 def realism(args) -> dict[str, Any]:
     out = args.out
     if args.train and not (Path(args.new) / "checkpoints").is_dir() and not (Path(args.new) / "model.safetensors").is_file():
-        run_cli(["train", "transnormal", f"out_dir={args.new}", "trainer.progress=false",
-                 "trainer.tensorboard=false"], out / "train_new.log")
+        run_cli(["train", "transnormal", "experiment=transnormal_workspace", f"out_dir={args.new}",
+                 "trainer.progress=false", "trainer.tensorboard=false"], out / "train_new.log")
     rows = []
     for test in TEST_SETS:
         e = _eval(out, args.new, args.old, test)
@@ -119,14 +122,17 @@ def _f(v, pct=False) -> str:
     return "-" if v is None else (f"{v:.1f} %" if pct else f"{v:.1f}")  # a11.25 is already in percent
 
 
+# EfficientNet-Lite0 sees the image at 128 px (8 x 8 = 64 stride-16 cells): at 224 px it doubled the step time
+# of the tiny model on CPU (1.85 vs 1.03 s at batch 8, 64 px crops), for an upsampled 96 px view.
+EFFNET = ["model.context_encoder=efficientnet_lite0", "model.dino_image_size=128"]
 GLASS_ARMS: dict[str, list[str]] = {
-    "effnet": ["model.context_encoder=efficientnet_lite0"],
-    "dino": [],
+    "effnet": EFFNET,
+    "dino": ["model.context_encoder=dinov3", "model.dino_image_size=null"],
     "none": ["model.use_dino=false"],
-    "diffusion": ["model.mode=diffusion", "model.context_encoder=efficientnet_lite0"],
-    "effnet_nocons": ["model.context_encoder=efficientnet_lite0", "model.w_cons=0"],
-    "effnet_nowav": ["model.context_encoder=efficientnet_lite0", "model.w_wav=0"],
-    "dino_nocons": ["model.w_cons=0"],
+    "diffusion": ["model.mode=diffusion", *EFFNET],
+    "effnet_nocons": [*EFFNET, "model.w_cons=0"],
+    "effnet_nowav": [*EFFNET, "model.w_wav=0"],
+    "dino_nocons": ["model.context_encoder=dinov3", "model.dino_image_size=null", "model.w_cons=0"],
     "none_nocons": ["model.use_dino=false", "model.w_cons=0"],
 }
 
@@ -189,7 +195,7 @@ def glass(args) -> dict[str, Any]:
     def ms(d, pct=False):
         return f"{_f(d['mean'], pct)} ± {d['sd']:.1f}"
 
-    lines = ["| arm | seeds | steps | glass mean (deg) | glass median | glass < 11.25 | all mean | all median | "
+    lines = ["| arm | seeds | sampler steps | glass mean (deg) | glass median | glass < 11.25 | all mean | all median | "
              "all < 11.25 | glass mean per seed |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['arm']} | {r['seeds']} | {r['steps'] or '-'} | {ms(r['glass_mean'])} | {ms(r['glass_median'])} | "
               f"{ms(r['glass_a11.25'], True)} | {ms(r['all_mean'])} | {ms(r['all_median'])} | "
@@ -199,13 +205,47 @@ def glass(args) -> dict[str, Any]:
     return summary
 
 
+def ship(args) -> dict[str, Any]:
+    """Copy a run's checkpoint into ``--dst`` as a self-contained checkpoint: the VAE's weights are in
+    ``model.safetensors``, so ``model.vae_path`` (the study's shared stage-1 folder, not shipped) becomes null and
+    ``scaling_factor`` the stored latent scale; the copy must predict exactly what the run's checkpoint does."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from core.checkpoint import resolve_checkpoint
+    from core.errors import CheckpointError
+    from perception.normals.pipeline_transnormal import TransNormalPipeline
+
+    src, dst = resolve_checkpoint(args.run), Path(args.dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model"]["vae_path"] = None
+    cfg["model"]["scaling_factor"] = float(load_file(src / "model.safetensors")["latent_scale"])
+    cfg["data"]["render"]["workers"] = 1
+    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
+    write_text(dst / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (dst / "domain.safetensors").unlink(missing_ok=True)  # belongs to the previous weights: recalibrate
+    size = int(cfg["data"]["render"].get("size", 64))
+    x = torch.randint(0, 256, (2, 3, size, size), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    diff = float((TransNormalPipeline.from_pretrained(src)(x).normals
+                  - TransNormalPipeline.from_pretrained(dst)(x).normals).abs().max())
+    if diff != 0.0:
+        raise CheckpointError(f"{dst}: predictions differ from {src} by {diff}")
+    print(f"{src} -> {dst} (latent scale {cfg['model']['scaling_factor']:.4f}, identical predictions); now run "
+          "calibrate_domain")
+    return {"src": str(src), "dst": str(dst)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("realism", help="old data vs new data (both checkpoints, both test sets, real photos)")
     r.add_argument("--out", type=Path, default=Path("outputs/transnormal_realism"))
     r.add_argument("--old", default="assets/checkpoints/transnormal_procedural")
-    r.add_argument("--new", default="outputs/transnormal")
+    r.add_argument("--new", default="outputs/transnormal_workspace")
     r.add_argument("--train", action="store_true", help="train --new first (embodied train transnormal) if missing")
     r.set_defaults(func=realism)
     g = sub.add_parser("glass", help="context encoders and losses on glass-dominated renders")
@@ -219,6 +259,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
     g.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     g.set_defaults(func=glass)
+    sh = sub.add_parser("ship", help="copy a run's checkpoint into assets/ as a self-contained checkpoint")
+    sh.add_argument("run", help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")
+    sh.add_argument("--dst", default="assets/checkpoints/transnormal")
+    sh.set_defaults(func=ship)
     args = ap.parse_args(argv)
     return args.func(args)
 
