@@ -11,14 +11,20 @@ HELD_OUT_SEED = 1000  # the shipped checkpoint was trained on seed 0's views
 OLD_CHECKPOINT = "transnormal_procedural"  # assets/checkpoints/: the first release, trained on procedural scenes
 
 
-def render_source(checkpoint: str | Path) -> str:
-    """The ``sim.render.normals`` source a checkpoint's training data came from (its run config), "procedural"
-    for checkpoints made before sources existed."""
+def render_settings(checkpoint: str | Path) -> dict:
+    """How a checkpoint's training views were rendered (its run config's ``data.render``): ``source``
+    ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``."""
     from core.io import read_json
 
     cfg = Path(checkpoint) / "config.json"
-    data = read_json(cfg).get("data", {}) if cfg.is_file() else {}
-    return str((data.get("render") or {}).get("source", "procedural"))
+    render = (read_json(cfg).get("data", {}) if cfg.is_file() else {}).get("render") or {}
+    return {"source": str(render.get("source", "procedural")), "framing": str(render.get("framing", "workspace")),
+            "size": int(render.get("size", 64)), "spp": int(render.get("spp", 32))}
+
+
+def render_source(checkpoint: str | Path) -> str:
+    """The ``sim.render.normals`` source a checkpoint's training data came from (``render_settings``)."""
+    return render_settings(checkpoint)["source"]
 
 
 def demo_section(ctx: DemoContext) -> DemoSection:
@@ -32,10 +38,13 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from perception.normals.task import _constant_predictor, evaluate_predictor, mean_normal
     from sim.render.normals import make_dataset
 
-    source = render_source(DEFAULT_CHECKPOINT)
+    settings = render_settings(DEFAULT_CHECKPOINT)
+    source, size = settings["source"], settings["size"]
     root = ctx.path("transnormal", "views")
-    # 4 views of an unseen seed; with test_fraction 0.75 three of them use the held-out HDRI / photo textures.
-    make_dataset(root, n=4, seed=HELD_OUT_SEED, size=64, spp=16, test_fraction=0.75, source=source)
+    # 8 views of an unseen seed, rendered as the checkpoint's training data (source, framing, size, spp); with
+    # test_fraction 0.75 six of them use the held-out HDRI / photo textures.
+    make_dataset(root, n=8, seed=HELD_OUT_SEED, size=size, spp=settings["spp"], test_fraction=0.75, source=source,
+                 framing=settings["framing"])  # its training spp: fewer samples = noisier inputs than it has seen
     ds = DenseImageDataset(root, "test", keys=("rgb", "rgb_twin", "normals", "mask"))
     pipe = TransNormalPipeline.from_pretrained(DEFAULT_CHECKPOINT)
     ours = evaluate_predictor(lambda rgb: pipe(rgb).normals, ds)

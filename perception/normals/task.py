@@ -242,7 +242,8 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
                      n_train: int = 160, n_cal: int = 48, n_heldout: int = 32) -> dict[str, Any]:
     """Fit the checkpoint's out-of-domain check (``core.domain``) on renders like its training data.
 
-    Training sample: views 0..n_train-1 of the training seed (0, 64 px, 32 spp, as the shipped model's data);
+    Training sample: views 0..n_train-1 of the training seed (0; source, framing and size as the checkpoint's
+    data, 32 spp);
     calibration and held-out splits: renders of seeds 1000 and 2000 that no model saw. Reproduce with
     ``python -c "from perception.normals.task import calibrate_domain; calibrate_domain()"``.
     """
@@ -252,19 +253,21 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from core import domain
     from core.data.images import DenseImageDataset
     from perception.normals.cli import DEFAULT_CHECKPOINT
-    from perception.normals.demo import render_source
+    from perception.normals.demo import render_settings
     from sim.render.normals import make_dataset
 
     checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)
-    source = render_source(checkpoint)  # the renders the checkpoint was trained on
+    settings = render_settings(checkpoint)  # the renders the checkpoint was trained on
+    source, framing, size = settings["source"], settings["framing"], settings["size"]
 
     def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
-        root = Path(work) / f"{source}_{name}"
+        root = Path(work) / f"{source}_{framing}_{size}_{name}"
         if not (root / "meta.json").is_file():
-            make_dataset(root, n=n, seed=seed, size=64, spp=32, test_fraction=0.0, source=source)
+            make_dataset(root, n=n, seed=seed, size=size, spp=32, test_fraction=0.0, source=source, framing=framing)
         ds = DenseImageDataset(root, "train", keys=("rgb",))
         return [ds[i]["rgb"].permute(1, 2, 0).numpy() for i in range(len(ds))]
 
     sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
     return domain.calibrate(checkpoint, load_split, sizes,
-                            f"sim.render.normals source {source}, seeds 0 (train sample), 1000, 2000; 64 px")
+                            f"sim.render.normals source {source}, framing {framing}, seeds 0 (train sample), 1000, "
+                            f"2000; {size} px")
