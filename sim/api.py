@@ -140,3 +140,29 @@ class RandomPolicy:
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         return np.asarray(self.action_space.sample())
+
+
+def seeded_robosuite_reset(env: Any, seed: int, reset: Any = None) -> Any:
+    """Reset a robosuite env (or LIBERO's, which is one) deterministically from ``seed``.
+
+    robosuite draws object placements from its samplers' ``rng`` attributes (and the env's own ``rng``);
+    LIBERO's region samplers and fixture poses use NumPy's global RNG. All of them are seeded here, and the
+    global RNG's state is restored afterwards so callers see no side effect. ``reset`` is the callable that
+    resets (default ``env.reset``); its result is returned.
+    """
+    rng = np.random.default_rng(int(seed))
+    env.rng = rng
+    stack = [getattr(env, "placement_initializer", None)]
+    while stack:
+        sampler = stack.pop()
+        if sampler is None:
+            continue
+        if hasattr(sampler, "rng"):
+            sampler.rng = rng
+        stack.extend(getattr(sampler, "samplers", {}).values())
+    global_state = np.random.get_state()
+    np.random.seed(int(seed) % 2**32)
+    try:
+        return (reset or env.reset)()
+    finally:
+        np.random.set_state(global_state)

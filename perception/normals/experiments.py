@@ -164,12 +164,13 @@ def glass(args) -> dict[str, Any]:
 
     out = args.out
     vae = out / "vae_base"
-    if not (vae / "vae").is_dir():  # renders the data on first use, then stage 1 only (one UNet step)
+    if not (vae / "vae").is_dir() and not args.collect_only:  # renders the data on first use, then stage 1 only (one UNet step)
         run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
                 out / "vae_base.log", threads=max(1, args.jobs))
     runs = [(arm, seed) for arm in args.arms for seed in args.seeds]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda r: glass_run(args, *r), runs))
+    if not args.collect_only:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda r: glass_run(args, *r), runs))
     rows, const = [], []
     for arm in args.arms:
         evals = [read_json(out / f"{arm}_s{s}" / "eval.json") for s in args.seeds
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g.add_argument("--n", type=int, default=480, help="views to render (the last 20 % are the test split)")
     g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
     g.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    g.add_argument("--collect-only", action="store_true", help="only tabulate the finished runs (arms x seeds)")
     g.set_defaults(func=glass)
     sh = sub.add_parser("ship", help="copy a run's checkpoint into assets/ as a self-contained checkpoint")
     sh.add_argument("run", help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")

@@ -47,7 +47,7 @@ import numpy as np
 from gymnasium import spaces
 
 from core.errors import ConfigError
-from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS
+from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, seeded_robosuite_reset
 from sim.libero._bootstrap import prepare_libero
 from sim.libero.suites import LiberoTask, get_task, load_init_states
 
@@ -294,22 +294,7 @@ class LiberoEnv(gym.Env):
         *model* at every reset, outside the init state, drawing from robosuite samplers (``rng``
         attributes) and LIBERO region samplers (NumPy's global RNG); both are seeded here, and the
         global RNG's state is restored afterwards so callers see no side effect."""
-        rng = np.random.default_rng(seed)
-        self._rs.rng = rng
-        stack = [self._rs.placement_initializer]
-        while stack:
-            sampler = stack.pop()
-            if sampler is None:
-                continue
-            if hasattr(sampler, "rng"):
-                sampler.rng = rng
-            stack.extend(getattr(sampler, "samplers", {}).values())
-        global_state = np.random.get_state()
-        np.random.seed(seed)
-        try:
-            self._libero.reset()
-        finally:
-            np.random.set_state(global_state)
+        seeded_robosuite_reset(self._rs, seed, self._libero.reset)
 
     def _bad_state_warnings(self) -> int:
         import mujoco

@@ -410,22 +410,9 @@ class Scene:
         if self.kind == "libero":
             self.env.reset(seed=int(seed))
             return
-        rng = np.random.default_rng(int(seed))
-        self.env.rng = rng
-        stack = [getattr(self.env, "placement_initializer", None)]
-        while stack:
-            sampler = stack.pop()
-            if sampler is None:
-                continue
-            if hasattr(sampler, "rng"):
-                sampler.rng = rng
-            stack.extend(getattr(sampler, "samplers", {}).values())
-        state = np.random.get_state()
-        np.random.seed(int(seed) % 2**32)
-        try:
-            self.env.reset()
-        finally:
-            np.random.set_state(state)
+        from sim.api import seeded_robosuite_reset
+
+        seeded_robosuite_reset(self.env, seed)
 
     def close(self) -> None:
         if not self._closed:
