@@ -499,6 +499,12 @@ def random_room(rng: np.random.Generator) -> tuple[Room, np.ndarray, float]:
 # Dataset
 
 
+def equirect_meta(height: int, spp: int) -> dict:
+    """The ``meta.json`` entries every equirectangular source writes: projection, size, convention, spp, maps."""
+    return {"projection": "equirectangular", "width": 2 * height, "height": height, "equirect": EQUIRECT_TEXT,
+            "spp": max(1, math.isqrt(spp)) ** 2, "maps": ["rgb", "depth", "semantic"]}
+
+
 def make_dataset(
     out: Path,
     n: int,
@@ -569,12 +575,7 @@ def make_dataset(
         depth="Euclidean distance from the camera centre in metres (uint16 millimetres in files, 0 invalid)",
         classes=list(CLASSES),
         splits=counts,
-        projection="equirectangular",
-        width=2 * height,
-        height=height,
-        equirect=EQUIRECT_TEXT,
-        spp=max(1, math.isqrt(spp)) ** 2,
-        maps=["rgb", "depth", "semantic"],
+        **equirect_meta(height, spp),
     )
     total = max(int(class_pixels.sum()), 1)
     return {

@@ -58,7 +58,7 @@ from core.data.images import write_dense_sample, write_meta
 from core.errors import ConfigError
 from core.io import write_json
 from sim.render import dataset_io
-from sim.render.panoramas import EQUIRECT_TEXT, equirect_directions
+from sim.render.panoramas import equirect_directions, equirect_meta
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 if os.environ["MUJOCO_GL"] == "egl":
@@ -628,13 +628,8 @@ def make_dataset(
         classes=list(CLASSES),
         class_rules=RULES_TEXT,
         splits=counts,
-        projection="equirectangular",
-        width=2 * height,
-        height=height,
-        equirect=EQUIRECT_TEXT,
-        spp=max(1, math.isqrt(spp)) ** 2,
+        **equirect_meta(height, spp),
         face_size=face_size,
-        maps=["rgb", "depth", "semantic"],
         train_scenes=split_scenes["train"],
         test_scenes=split_scenes["test"],
         views={k: views[k] for k in sorted(views)},
