@@ -46,11 +46,11 @@ class EfficientNetTokens(nn.Module):
 
     def __init__(self, stage: int = 4, image_size: int | None = 224):
         super().__init__()
-        from core.metrics.features import _build_model
+        from core.metrics.features import build_efficientnet_lite0
 
         if not 0 <= stage < len(EFFNET_STAGES):
             raise ValueError(f"stage must be in [0, {len(EFFNET_STAGES)}), got {stage}")
-        net = _build_model()
+        net = build_efficientnet_lite0()
         self.stem = nn.Sequential(net.conv_stem, net.bn1)
         self.blocks = nn.Sequential(*list(net.blocks)[: stage + 1])
         self.stride, self.num_features = EFFNET_STAGES[stage]

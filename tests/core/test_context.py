@@ -23,14 +23,14 @@ def test_freeze_as_buffers_keeps_weights_out_of_state_dict_but_moves_them():
 
 
 def test_tokens_are_the_pretrained_network_stage_output():
-    from core.metrics.features import _build_model
+    from core.metrics.features import build_efficientnet_lite0
 
     enc = EfficientNetTokens(stage=4, image_size=64)
     assert enc.num_features == EFFNET_STAGES[4][1] == 112 and enc.state_dict() == {}
     x = torch.rand(2, 3, 48, 48) * 2 - 1
     tokens = enc(x)
     assert tokens.shape == (2, (64 // 16) ** 2, 112)
-    net = _build_model().eval()
+    net = build_efficientnet_lite0().eval()
     with torch.no_grad():
         f = net.bn1(net.conv_stem(F.interpolate(x, size=(64, 64), mode="bilinear", align_corners=False,
                                                 antialias=True)))
