@@ -11,22 +11,6 @@ HELD_OUT_SEED = 1000  # the shipped checkpoint was trained on seed 0's views
 OLD_CHECKPOINT = "transnormal_procedural"  # assets/checkpoints/: the first release, trained on procedural scenes
 
 
-def render_settings(checkpoint: str | Path) -> dict:
-    """How a checkpoint's training views were rendered (its run config's ``data.render``): ``source``
-    ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``."""
-    from core.io import read_json
-
-    cfg = Path(checkpoint) / "config.json"
-    render = (read_json(cfg).get("data", {}) if cfg.is_file() else {}).get("render") or {}
-    return {"source": str(render.get("source", "procedural")), "framing": str(render.get("framing", "workspace")),
-            "size": int(render.get("size", 64)), "spp": int(render.get("spp", 32))}
-
-
-def render_source(checkpoint: str | Path) -> str:
-    """The ``sim.render.normals`` source a checkpoint's training data came from (``render_settings``)."""
-    return render_settings(checkpoint)["source"]
-
-
 def demo_section(ctx: DemoContext) -> DemoSection:
     import numpy as np
 
@@ -35,7 +19,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from perception.normals.cli import DEFAULT_CHECKPOINT
     from perception.normals.metrics import angular_error_deg
     from perception.normals.pipeline_transnormal import TransNormalPipeline
-    from perception.normals.task import _constant_predictor, evaluate_predictor, mean_normal
+    from perception.normals.task import _constant_predictor, evaluate_predictor, mean_normal, render_settings
     from sim.render.normals import make_dataset
 
     settings = render_settings(DEFAULT_CHECKPOINT)
@@ -110,6 +94,7 @@ def _real_photo(ctx: DemoContext) -> str:
     from core.errors import DataError
     from core.resources import asset
     from perception.normals.cli import DEFAULT_CHECKPOINT, infer
+    from perception.normals.task import render_source
 
     checkpoints = {"shipped": Path(DEFAULT_CHECKPOINT), "first release": asset("checkpoints", OLD_CHECKPOINT)}
     checkpoints = {k: v for k, v in checkpoints.items() if (v / "model.safetensors").is_file()}

@@ -33,6 +33,22 @@ TRAIN_KEYS = ("rgb", "rgb_twin", "normals")
 EVAL_KEYS = ("rgb", "normals", "mask")
 
 
+def render_settings(checkpoint: str | Path) -> dict:
+    """How a checkpoint's training views were rendered (its run config's ``data.render``): ``source``
+    ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``."""
+    from core.io import read_json
+
+    cfg = Path(checkpoint) / "config.json"
+    render = (read_json(cfg).get("data", {}) if cfg.is_file() else {}).get("render") or {}
+    return {"source": str(render.get("source", "procedural")), "framing": str(render.get("framing", "workspace")),
+            "size": int(render.get("size", 64)), "spp": int(render.get("spp", 32))}
+
+
+def render_source(checkpoint: str | Path) -> str:
+    """The ``sim.render.normals`` source a checkpoint's training data came from (``render_settings``)."""
+    return render_settings(checkpoint)["source"]
+
+
 def ensure_data(data) -> Path:
     """The dataset root, rendered with ``sim.render.normals.make_dataset`` first when it is missing."""
     root = Path(data.root)
@@ -253,7 +269,6 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from core import domain
     from core.data.images import DenseImageDataset
     from perception.normals.cli import DEFAULT_CHECKPOINT
-    from perception.normals.demo import render_settings
     from sim.render.normals import make_dataset
 
     checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)

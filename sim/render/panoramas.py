@@ -499,6 +499,15 @@ def random_room(rng: np.random.Generator) -> tuple[Room, np.ndarray, float]:
 # Dataset
 
 
+def equirect_summary(out: Path, n: int, counts: dict, height: int, classes, class_pixels: np.ndarray,
+                     seconds: float, meta: dict, **extra) -> dict:
+    """The summary ``make_dataset`` of every equirectangular source returns (class shares from pixel counts)."""
+    total = max(int(class_pixels.sum()), 1)
+    return {"root": str(out), "n": n, "splits": counts, "height": height, "width": 2 * height,
+            "class_fractions": {c: float(v) / total for c, v in zip(classes, class_pixels, strict=True)},
+            "seconds": seconds, "meta": meta, **extra}
+
+
 def equirect_meta(height: int, spp: int) -> dict:
     """The ``meta.json`` entries every equirectangular source writes: projection, size, convention, spp, maps."""
     return {"projection": "equirectangular", "width": 2 * height, "height": height, "equirect": EQUIRECT_TEXT,
@@ -577,14 +586,4 @@ def make_dataset(
         splits=counts,
         **equirect_meta(height, spp),
     )
-    total = max(int(class_pixels.sum()), 1)
-    return {
-        "root": str(out),
-        "n": n,
-        "splits": counts,
-        "height": height,
-        "width": 2 * height,
-        "class_fractions": {c: float(v) / total for c, v in zip(CLASSES, class_pixels, strict=True)},
-        "seconds": time.perf_counter() - t0,
-        "meta": meta,
-    }
+    return equirect_summary(out, n, counts, height, CLASSES, class_pixels, time.perf_counter() - t0, meta)

@@ -58,7 +58,7 @@ from core.data.images import write_dense_sample, write_meta
 from core.errors import ConfigError
 from core.io import write_json
 from sim.render import dataset_io
-from sim.render.panoramas import equirect_directions, equirect_meta
+from sim.render.panoramas import equirect_directions, equirect_meta, equirect_summary
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 if os.environ["MUJOCO_GL"] == "egl":
@@ -636,16 +636,5 @@ def make_dataset(
         fallback_geoms={k: len(v) for k, v in sorted(fallback.items())},
         seconds_per_view=round(seconds / n, 3),
     )
-    total = max(int(class_pixels.sum()), 1)
-    return {
-        "root": str(out),
-        "n": n,
-        "splits": counts,
-        "height": height,
-        "width": 2 * height,
-        "class_fractions": {c: float(v) / total for c, v in zip(CLASSES, class_pixels, strict=True)},
-        "fallback_geoms": fallback,
-        "render_seconds_per_view": render_seconds / n,
-        "seconds": seconds,
-        "meta": meta,
-    }
+    return equirect_summary(out, n, counts, height, CLASSES, class_pixels, seconds, meta, fallback_geoms=fallback,
+                            render_seconds_per_view=render_seconds / n)

@@ -8,9 +8,8 @@ from perception.normals.cli import DEFAULT_CHECKPOINT
 
 def test_shipped_checkpoint_beats_the_constant_normal_baseline(tmp_path):
     from core.data.images import DenseImageDataset
-    from perception.normals.demo import render_settings
     from perception.normals.pipeline_transnormal import TransNormalPipeline
-    from perception.normals.task import _constant_predictor, evaluate_predictor, mean_normal
+    from perception.normals.task import _constant_predictor, evaluate_predictor, mean_normal, render_settings
     from sim.render.normals import make_dataset
 
     assert (DEFAULT_CHECKPOINT / "model.safetensors").is_file(), "run the command in assets/checkpoints/transnormal"
