@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +71,19 @@ def load_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[s
 
 
 def load_into(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint",
-              strict: bool = True) -> dict[str, list[str]]:
+              strict: bool = True, required: Iterable[str] | None = None) -> dict[str, list[str]]:
     """Load ``state_dict`` into ``module`` checking every key and shape.
+
+    ``required`` names the keys the file must hold (default: every key of ``module.state_dict()``); a model that
+    wraps a referenced base (``PreTrainedModel.trained_state_dict``) requires only what it trained, and the
+    rest of its state comes from the base. Keys the module does not have are always unexpected.
 
     Returns the report ``{"missing": [...], "unexpected": [...], "mismatched": ["key: ckpt (a,b) vs model (c,d)"]}``.
     With ``strict`` any problem raises ``CheckpointError`` listing (up to 5 of) each kind.
     """
     own = module.state_dict()
-    missing = [k for k in own if k not in state_dict]
+    need = list(own) if required is None else list(required)
+    missing = [k for k in need if k not in state_dict]
     unexpected = [k for k in state_dict if k not in own]
     mismatched = [
         f"{k}: {tuple(state_dict[k].shape)} in {source} vs {tuple(own[k].shape)} in model"

@@ -24,6 +24,19 @@ An exported folder and a training checkpoint share one layout, so one loader rea
 ``from_pretrained`` reads only ``config.json`` and one weights file — never the optimizer / RNG training
 state — and takes the EMA weights when the folder has them, unless ``use_ema=False``. Loading checks every
 key and shape (``core.checkpoint.load_into``) and rejects config keys the class does not know.
+
+A model wrapped around a pretrained base (LoRA on a VLM, adapters on a diffusers UNet, a policy post-trained
+from another checkpoint) names the config fields that hold its base folders in ``base_fields`` and returns
+from ``trained_state_dict`` only what it trained. Its folder then stores those tensors and *references* the
+base by its absolute path (the base is opened read-only and never copied), unless ``save_pretrained(...,
+copy_base=True)`` asks for a self-contained export: the base is copied into ``<folder>/base`` (``base_<field>``
+for a second one) and referenced relatively. ``from_pretrained`` resolves a relative reference against the
+folder first, builds the model around the base and requires exactly the trained tensors::
+
+    class MyAdapter(PreTrainedModel):
+        config_class = MyAdapterConfig          # has base_path: str
+        base_fields = ("base_path",)
+        def trained_state_dict(self): return {k: v for k, v in self.state_dict().items() if "lora_" in k}
 """
 
 from __future__ import annotations
@@ -141,6 +154,8 @@ class PreTrainedModel(nn.Module):
 
     config_class: ClassVar[type | None] = None
     method: ClassVar[str | None] = None
+    #: Config fields naming base folders the model wraps (see the module docstring); () for a standalone model.
+    base_fields: ClassVar[tuple[str, ...]] = ()
     #: Abstract bases (e.g. a family's shared parent) set this in their own body to skip the check.
     abstract: ClassVar[bool] = True
 
@@ -167,29 +182,70 @@ class PreTrainedModel(nn.Module):
         """
         return cls(config)
 
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """The tensors the model's folder stores: the whole ``state_dict`` unless the model wraps a base.
+
+        A model with ``base_fields`` overrides this to return only what it trains on top of its base (every
+        other tensor is rebuilt from the base folder when loading).
+        """
+        return self.state_dict()
+
+    def base_folders(self) -> dict[str, Path]:
+        """``{field: folder}`` of the base folders this model references (fields of ``base_fields`` that are set)."""
+        out = {}
+        for name in self.base_fields:
+            value = getattr(self.config, name, None)
+            if value not in (None, ""):
+                out[name] = Path(value)
+        return out
+
     # -- save -------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, card: dict[str, Any] | None = None,
                         run_config: dict[str, Any] | None = None, body: str = "",
-                        state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+                        state_dict: dict[str, torch.Tensor] | None = None, copy_base: bool = False) -> Path:
         """Export the model: ``model.safetensors`` + ``config.json`` + ``README.md`` (model card), atomically.
 
         Args:
-            directory: Target folder; replaced if it exists (the new one is complete before the swap).
+            directory: Target folder; replaced if it exists (the new one is complete before the swap). It may not
+                be (or hold) one of the model's base folders.
             card: Model-card fields: ``data``, ``command``, ``metrics``, ``training_domain``, free keys.
             run_config: The rest of the run config (data, trainer ...) to keep beside the model section.
             body: Free text of the model card (markdown) after the front matter.
-            state_dict: Weights to write instead of ``self.state_dict()`` (e.g. an EMA copy's).
+            state_dict: Weights to write instead of ``self.trained_state_dict()`` (e.g. an EMA copy's).
+            copy_base: Copy the base folders into the export (a self-contained folder) instead of referencing
+                them by absolute path.
         """
+        import shutil
+
         directory = Path(directory)
+        bases = self.base_folders()
+        target = directory.resolve()
+        for name, base in bases.items():
+            if not base.is_dir():
+                raise CheckpointError(f"model.{name}={base}: no such base folder, so the export cannot refer to it")
+            if target == base.resolve() or base.resolve() in target.parents or target in base.resolve().parents:
+                raise CheckpointError(f"{directory}: would write into or over the base folder {base} "
+                                      f"(model.{name}); a base is read-only — export elsewhere")
         config = dict(run_config or {})
         config["method"] = self.method or config.get("method")
         config["model"] = _plain(self.config)
-        sd = state_dict if state_dict is not None else self.state_dict()
+        sd = state_dict if state_dict is not None else self.trained_state_dict()
+        refs: dict[str, str] = {}
         meta = {"method": config["method"], "model_class": f"{type(self).__module__}:{type(self).__qualname__}",
                 "parameters": int(sum(p.numel() for p in self.parameters())), "weights": MODEL_FILE,
                 **(card or {})}
         title = f"# {config['method'] or type(self).__name__} — {type(self).__name__}\n\n"
         with atomic_dir(directory) as tmp:
+            for i, (name, base) in enumerate(bases.items()):
+                if copy_base:
+                    rel = "base" if i == 0 else f"base_{name}"
+                    shutil.copytree(base, tmp / rel, symlinks=False)
+                    refs[name] = rel
+                else:
+                    refs[name] = str(base.resolve())
+            config["model"].update(refs)
+            if refs:
+                meta["base"] = dict(refs)
             save_weights(sd, tmp / MODEL_FILE)
             write_json(tmp / CONFIG_FILE, _plain(config))
             write_text(tmp / CARD_FILE, front_matter(meta) + "\n" + (body or title))
@@ -221,16 +277,40 @@ class PreTrainedModel(nn.Module):
         if cls.method and config.get("method") not in (None, cls.method) and not cls._accepts_method(config["method"]):
             raise CheckpointError(f"{ckpt}: a {config['method']!r} checkpoint, not {cls.method!r}")
         try:
-            model_cfg = cls.config_from_dict(config["model"])
+            model_cfg = cls.config_from_dict(cls.resolve_bases(config["model"], ckpt))
         except CheckpointError as e:
             raise CheckpointError(f"{ckpt}/{CONFIG_FILE}: {e}") from None
         model = cls.build_for_loading(model_cfg)
         weights = weights_file(ckpt, use_ema)
-        load_into(model, load_weights(weights), source=str(weights), strict=strict)
+        required = model.trained_state_dict().keys() if cls.base_fields else None
+        load_into(model, load_weights(weights), source=str(weights), strict=strict, required=required)
         model.loaded_from = {"path": str(ckpt), "weights": weights.name, "config": config}
         if dtype is not None:
             model.to(dtype=dtype)
         return model.to(device or "cpu").eval()
+
+    @classmethod
+    def resolve_bases(cls, model_section: dict[str, Any], folder: Path) -> dict[str, Any]:
+        """``model_section`` with each base reference made a usable path.
+
+        A relative reference is looked up in ``folder`` first (a self-contained export's ``base/``), then as
+        given (a training run's config, relative to where it was started). A reference that exists nowhere is a
+        one-line ``CheckpointError`` naming the field.
+        """
+        out = dict(model_section)
+        for name in cls.base_fields:
+            value = out.get(name)
+            if value in (None, ""):
+                continue
+            path = Path(value)
+            candidates = [path] if path.is_absolute() else [folder / path, path]
+            found = next((c for c in candidates if c.is_dir()), None)
+            if found is None:
+                raise CheckpointError(f"model.{name}: base folder {value!r} not found (looked in "
+                                      f"{', '.join(str(c) for c in candidates)}); the folder references its base "
+                                      "by path — put it back there or export with copy_base=True")
+            out[name] = str(found)
+        return out
 
     @classmethod
     def _accepts_method(cls, method: str) -> bool:

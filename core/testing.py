@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,136 @@ def run_toy_training(out_dir: str | Path, overrides: dict[str, Any] | None = Non
     return trainer.fit()
 
 
+@dataclasses.dataclass
+class ModelExample:
+    """A tiny model of a method and a fixed input: what the contract test checks for every registered method.
+
+    A method declares ``register_method(..., example="pkg.module:function")``; the function takes a scratch
+    folder (for a tiny base model the example may need to write first) and returns this. The contract test
+    (``tests/test_model_contract.py``) runs ``ModelChecks`` on it and compares ``run(build(), inputs())`` with
+    the method's golden file, so a method registered from any distribution is covered without a test of its own.
+
+    Attributes:
+        build: A fresh tiny model; deterministic given ``torch.manual_seed`` (the checks seed before calling).
+        inputs: The fixed input batch (built from its own generator, never the global RNG).
+        run: Forward of the model on the batch (default ``model(**batch)``); returns tensors (nested is fine).
+        train_inputs: ``training_step``'s batch when it differs from ``inputs``.
+        no_grad_params: Trainable parameter name prefixes legitimately without a gradient in one step.
+        atol: Tolerance of the determinism check (0: bit-exact).
+        golden_atol / golden_rtol: Tolerance of the golden comparison (float noise across CPUs / BLAS builds).
+    """
+
+    build: Callable[[], PreTrainedModel]
+    inputs: Callable[[], dict[str, Any]]
+    run: Callable[[nn.Module, dict[str, Any]], Any] | None = None
+    train_inputs: Callable[[], dict[str, Any]] | None = None
+    no_grad_params: tuple[str, ...] = ()
+    atol: float = 0.0
+    golden_atol: float = 1e-4
+    golden_rtol: float = 1e-4
+
+
+def example_of(method: str, workdir: str | Path) -> ModelExample:
+    """The registered ``ModelExample`` of ``method`` (a one-line ``ConfigError`` when it declares none)."""
+    from core.errors import ConfigError
+    from core.registry import METHODS, import_target, load_plugins
+
+    load_plugins()
+    spec = METHODS.meta(method)["spec"]
+    if not spec.example:
+        raise ConfigError(f"method {method!r} declares no example= in register_method (the contract test needs one)")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    return import_target(spec.example)(Path(workdir))
+
+
+def example_checks(example: ModelExample) -> ModelChecks:
+    """``ModelChecks`` driven by a ``ModelExample`` (the contract test makes one per method)."""
+    checks = _ExampleChecks()
+    checks.example = example
+    checks.atol = example.atol
+    checks.no_grad_params = tuple(example.no_grad_params)
+    return checks
+
+
+def golden_outputs(model: nn.Module, example: ModelExample) -> dict[str, torch.Tensor]:
+    """The flattened float outputs of ``example.run`` on its fixed input, as the golden file stores them."""
+    run = example.run or (lambda m, b: m(**b))
+    with torch.no_grad():
+        outs = ModelChecks._flat(run(model.eval(), example.inputs()))
+    return {f"out.{i}": o.detach().float().cpu().contiguous() for i, o in enumerate(outs) if o.is_floating_point()}
+
+
+def build_golden_model(example: ModelExample, seed: int = 0) -> nn.Module:
+    """The model a golden file is computed from: ``example.build()`` right after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return example.build()
+
+
+def golden_dir() -> Path:
+    """Where golden files live: ``$EMBODIED_GOLDEN_DIR``, else ``<repository>/tests/golden``."""
+    import os
+
+    from core.resources import repository_root
+
+    if os.environ.get("EMBODIED_GOLDEN_DIR"):
+        return Path(os.environ["EMBODIED_GOLDEN_DIR"])
+    root = repository_root()
+    return (root if root is not None else Path.cwd()) / "tests" / "golden"
+
+
+REGENERATE = "python -m core.testing golden METHOD --why \"<why the output may change>\""
+
+
+def write_golden(method: str, why: str, directory: str | Path | None = None) -> Path:
+    """Recompute ``method``'s golden outputs and write ``<dir>/<method>.safetensors``; log ``why`` in CHANGES.md.
+
+    A golden file may change only when the model's computation changed on purpose (architecture, init, the
+    example itself); ``why`` says which, and lands in ``CHANGES.md`` beside the files with the date.
+    """
+    import datetime
+    import tempfile
+
+    from core.checkpoint import save_weights
+
+    if not why or not why.strip():
+        raise ValueError("say why the golden output may change (--why)")
+    directory = Path(directory) if directory is not None else golden_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        example = example_of(method, work)
+        outs = golden_outputs(build_golden_model(example), example)
+    if not outs:
+        raise ValueError(f"{method}: the example's run returned no float tensors")
+    path = directory / f"{method}.safetensors"
+    save_weights(outs, path, metadata={"method": method, "torch": torch.__version__})
+    log = directory / "CHANGES.md"
+    line = f"- {datetime.date.today().isoformat()} `{method}`: {why.strip()}\n"
+    with open(log, "a") as f:
+        if log.stat().st_size == 0:
+            f.write("# Why each golden file changed\n\nWritten by `" + REGENERATE + "`.\n\n")
+        f.write(line)
+    return path
+
+
+def check_golden(method: str, example: ModelExample, directory: str | Path | None = None) -> None:
+    """Assert that the example's outputs equal ``<dir>/<method>.safetensors`` (within the example's tolerance)."""
+    from core.checkpoint import load_weights
+
+    path = (Path(directory) if directory is not None else golden_dir()) / f"{method}.safetensors"
+    assert path.is_file(), f"{path}: no golden file for {method!r}; create it with " + \
+        REGENERATE.replace("METHOD", method)
+    want = load_weights(path)
+    got = golden_outputs(build_golden_model(example), example)
+    assert sorted(got) == sorted(want), f"{method}: outputs {sorted(got)} vs golden {sorted(want)}"
+    for k in sorted(want):
+        assert got[k].shape == want[k].shape, f"{method} {k}: shape {tuple(got[k].shape)} vs golden {tuple(want[k].shape)}"
+        try:
+            torch.testing.assert_close(got[k], want[k], atol=example.golden_atol, rtol=example.golden_rtol)
+        except AssertionError as e:
+            raise AssertionError(f"{method} {k} differs from its golden file {path} — if the change is intended, "
+                                 f"regenerate with {REGENERATE.replace('METHOD', method)}\n{e}") from None
+
+
 class ModelChecks:
     """Checks every model in the workspace must pass. Subclasses define ``make_model`` / ``make_batch``
     and, when forward is not ``model(**batch)``, ``run``.
@@ -188,6 +319,34 @@ class ModelChecks:
             for a, b in outs:
                 assert torch.equal(a, b)
 
+    def test_dtype_round_trip(self, tmp_path):
+        """A bf16 copy saves and loads bit-exactly in bf16; ``from_pretrained(dtype=...)`` of the fp32 folder gives the
+        same bf16 tensors as casting the model; casting back to fp32 runs to finite outputs."""
+        from core.pretrained import PreTrainedModel
+
+        torch.manual_seed(0)
+        model = self.make_model().eval()
+        if not isinstance(model, PreTrainedModel):
+            return
+        fp32 = model.save_pretrained(tmp_path / "fp32")
+        as_bf16 = type(model).from_pretrained(fp32, dtype=torch.bfloat16)
+        cast = copy.deepcopy(model).to(torch.bfloat16)
+        for (k, a), (_, b) in zip(cast.state_dict().items(), as_bf16.state_dict().items(), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{k}: from_pretrained(dtype=bf16) != cast"
+        bf16 = cast.save_pretrained(tmp_path / "bf16")
+        again = type(model).from_pretrained(bf16, dtype=torch.bfloat16)
+        for (k, a), (_, b) in zip(cast.state_dict().items(), again.state_dict().items(), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"{k}: bf16 save -> load is not bit-exact"
+        # loaded without dtype=, the model is built as its constructor builds it (fp32, as diffusers and
+        # transformers do by default) and holds the bf16 values exactly
+        back = type(model).from_pretrained(bf16)
+        for (k, a), (_, b) in zip(cast.state_dict().items(), back.state_dict().items(), strict=True):
+            if a.is_floating_point():
+                assert torch.equal(a.to(b.dtype), b), f"{k}: bf16 values changed when loaded at the default dtype"
+        with torch.no_grad():
+            outs = self._flat(self.run(back, self.make_batch()))
+        assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+
     def test_deterministic_eval(self):
         """Two models built after the same seed agree, and eval outputs depend neither on the global RNG
         (reseeded differently before each run) nor on earlier calls."""
@@ -250,3 +409,42 @@ class ModelChecks:
         with torch.no_grad():
             outs = self._flat(self.run(model, self.make_batch()))
         assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
+
+
+class _ExampleChecks(ModelChecks):
+    example: ModelExample
+
+    def make_model(self) -> nn.Module:
+        return self.example.build()
+
+    def make_batch(self) -> dict[str, Any]:
+        return self.example.inputs()
+
+    def make_train_batch(self) -> dict[str, Any]:
+        return (self.example.train_inputs or self.example.inputs)()
+
+    def run(self, model: nn.Module, batch: dict[str, Any]) -> Any:
+        return self.example.run(model, batch) if self.example.run else model(**batch)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m core.testing", description="Maintain the contract test's golden files.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("golden", help="recompute methods' golden outputs (tests/golden/<method>.safetensors)")
+    g.add_argument("methods", nargs="+", metavar="METHOD", help="registered method names, or 'all'")
+    g.add_argument("--why", required=True, help="why the output may change (logged in CHANGES.md)")
+    g.add_argument("--dir", default=None, help="golden folder (default $EMBODIED_GOLDEN_DIR or tests/golden)")
+    args = p.parse_args(argv)
+    from core.registry import load_plugins, method_specs
+
+    load_plugins()
+    names = [s.name for s in method_specs() if s.example] if args.methods == ["all"] else args.methods
+    for name in names:
+        print(write_golden(name, args.why, args.dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

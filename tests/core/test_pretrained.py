@@ -11,7 +11,8 @@ from torch import nn
 
 from core.checkpoint import EMA_FILE, MODEL_FILE, load_weights, resolve_checkpoint
 from core.errors import CheckpointError
-from core.pretrained import PreTrainedModel, dataclass_from_dict, read_card
+from core.pretrained import PreTrainedModel, dataclass_from_dict, read_card, read_config
+from core.testing import ToyRegressor
 
 
 @dataclasses.dataclass
@@ -160,3 +161,104 @@ def test_bc_eval_policy_uses_ema_weights(tmp_path):
     policy = load_policy(tmp_path / "ck", _Env())
     loaded = policy.model.state_dict()
     assert all(torch.equal(v, ema.state_dict()[k]) for k, v in loaded.items())
+
+
+# -- models around a base folder (base_fields / trained_state_dict) ----------------------------------------------
+@dataclasses.dataclass
+class _AdapterConfig:
+    base_path: str | None = None
+    rank: int = 2
+
+
+class _Adapter(PreTrainedModel):
+    """A low-rank delta on a ToyRegressor loaded read-only from ``base_path``."""
+
+    config_class = _AdapterConfig
+    method = "toy_adapter"
+    base_fields = ("base_path",)
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.base = ToyRegressor.from_pretrained(config.base_path).requires_grad_(False)
+        self.down = torch.nn.Linear(8, config.rank, bias=False)
+        self.up = torch.nn.Linear(config.rank, 4, bias=False)
+        torch.nn.init.normal_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+    def trained_state_dict(self):
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("base.")}
+
+
+def _digest(folder):
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    torch.manual_seed(0)
+    base = ToyRegressor().save_pretrained(tmp_path / "user_base")
+    torch.manual_seed(1)
+    return _Adapter(_AdapterConfig(base_path=str(base))), base
+
+
+def test_adapter_references_its_base_and_stores_only_what_it_trained(adapter, tmp_path):
+    from core.checkpoint import load_weights
+
+    model, base = adapter
+    before = _digest(base)
+    out = model.save_pretrained(tmp_path / "export")
+    assert sorted(load_weights(out / "model.safetensors")) == ["down.weight", "up.weight"]
+    cfg = read_config(out)
+    assert cfg["model"]["base_path"] == str(base.resolve()) and not (out / "base").exists()
+    assert read_card(out)["base"] == {"base_path": str(base.resolve())}
+    loaded = _Adapter.from_pretrained(out)
+    x = torch.randn(3, 8)
+    assert torch.equal(loaded(x), model.eval()(x))
+    assert _digest(base) == before
+
+
+def test_adapter_copy_base_is_self_contained(adapter, tmp_path):
+    import shutil
+
+    model, base = adapter
+    out = model.save_pretrained(tmp_path / "export", copy_base=True)
+    assert read_config(out)["model"]["base_path"] == "base" and (out / "base" / "model.safetensors").is_file()
+    shutil.move(str(out), tmp_path / "moved")
+    shutil.rmtree(base)
+    loaded = _Adapter.from_pretrained(tmp_path / "moved")
+    x = torch.randn(3, 8)
+    assert torch.equal(loaded(x), model.eval()(x))
+
+
+def test_adapter_missing_base_and_writing_into_base_are_one_line_errors(adapter, tmp_path):
+    import shutil
+
+    model, base = adapter
+    with pytest.raises(CheckpointError, match="read-only"):
+        model.save_pretrained(base / "inside")
+    with pytest.raises(CheckpointError, match="read-only"):
+        model.save_pretrained(base)
+    out = model.save_pretrained(tmp_path / "export")
+    shutil.rmtree(base)
+    with pytest.raises(CheckpointError, match=r"model.base_path: base folder .* not found"):
+        _Adapter.from_pretrained(out)
+
+
+def test_adapter_loading_is_strict_on_the_trained_tensors(adapter, tmp_path):
+    from core.checkpoint import load_weights, save_weights
+
+    model, _ = adapter
+    out = model.save_pretrained(tmp_path / "export")
+    sd = load_weights(out / "model.safetensors")
+    save_weights({"down.weight": sd["down.weight"]}, out / "model.safetensors")
+    with pytest.raises(CheckpointError, match="1 missing: up.weight"):
+        _Adapter.from_pretrained(out)
+    save_weights({**sd, "extra.weight": torch.zeros(1)}, out / "model.safetensors")
+    with pytest.raises(CheckpointError, match="1 unexpected: extra.weight"):
+        _Adapter.from_pretrained(out)
