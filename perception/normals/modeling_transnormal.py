@@ -23,6 +23,7 @@ multi-step baseline (RGB latent concatenated to a noisy normal latent, v-predict
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ from core.logging import get_logger
 from core.pretrained import PreTrainedModel
 from perception.normals.configuration_transnormal import TransNormalConfig
 from perception.normals.losses import latent_valid_mask, masked_mse, wavelet_loss
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 log = get_logger("embodied.transnormal")
 
@@ -471,3 +475,25 @@ class VAEAutoencoder(nn.Module):
             self.latent_std.mul_(m).add_(torch.where(warm, 1 - 0.99, 1.0).to(std.dtype) * std)
             self.seen += 1
         return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny TransNormal (2-level UNet, VAE factor 2, a 1-layer DINOv3) and a fixed batch."""
+    from core.testing import ModelExample
+
+    cfg = TransNormalConfig(
+        image_size=32, block_out_channels=[16, 32], down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"], layers_per_block=1, attention_head_dim=[8],
+        cross_attention_dim=16, norm_num_groups=8, vae_block_out_channels=[8, 16], vae_layers_per_block=1,
+        vae_norm_num_groups=8, scaling_factor=1.0, dino_model="vit_small_patch16_dinov3",
+        dino_kwargs={"embed_dim": 16, "depth": 1, "num_heads": 2})
+
+    def batch() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"rgb": torch.randint(0, 256, (2, 3, 32, 32), generator=g, dtype=torch.uint8),
+                "rgb_twin": torch.randint(0, 256, (2, 3, 32, 32), generator=g, dtype=torch.uint8),
+                "normals": torch.nn.functional.normalize(torch.randn(2, 3, 32, 32, generator=g), dim=1),
+                "valid": torch.rand(2, 32, 32, generator=g) > 0.1}
+
+    return ModelExample(build=lambda: TransNormalModel(cfg), inputs=lambda: {"rgb": batch()["rgb"]},
+                        train_inputs=batch, atol=1e-6)

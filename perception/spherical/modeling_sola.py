@@ -23,6 +23,8 @@ back to equirect by barycentric interpolation on the icosphere (``icosphere.Sphe
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
@@ -40,6 +42,9 @@ from perception.spherical.icosphere import (
     unpool_table,
 )
 from perception.spherical.metrics import berhu_loss, seg_loss
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 __all__ = ["SoLAModel", "random_rotations"]
 
@@ -222,3 +227,20 @@ class SoLAModel(PreTrainedModel):
         probs = sampler(out["logits"].float().softmax(-1))
         return {"depth": sampler(out["depth"].unsqueeze(-1)), "semantic": probs.argmax(1), "probs": probs,
                 "depth_sphere": out["depth"], "logits_sphere": out["logits"]}
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny SoLA (level-2 icosphere, two stages) on fixed vertex colours / panoramas."""
+    from core.testing import ModelExample
+
+    cfg = SoLAConfig(level=2, channels=[16, 32], depths=[1, 1], head_dim=8, num_classes=5)
+
+    def train_batch() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"rgb": torch.randint(0, 256, (2, 3, 16, 32), generator=g, dtype=torch.uint8),
+                "depth": 0.5 + 4 * torch.rand(2, 1, 16, 32, generator=g),
+                "semantic": torch.randint(0, cfg.num_classes, (2, 16, 32), generator=g)}
+
+    return ModelExample(build=lambda: SoLAModel(cfg),
+                        inputs=lambda: {"rgb": torch.rand(2, 162, 3, generator=torch.Generator().manual_seed(0))},
+                        train_inputs=train_batch)

@@ -27,6 +27,8 @@ Sampling in every regime lives in ``perception.video.sampling``.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +42,9 @@ from core.layers.vae import build_autoencoder_kl, to_signed_unit
 from core.pretrained import PreTrainedModel
 from perception.video.chunking import chunk_ids, chunk_mask, random_partition
 from perception.video.configuration_flexforcing import FlexForcingConfig
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 __all__ = ["FlexForcingModel", "VideoDiT"]
 
@@ -285,3 +290,31 @@ class FlexForcingModel(PreTrainedModel):
 
     def forward(self, *args, **kwargs):
         return self.dit(*args, **kwargs)
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny Flex-Forcing model (16 px, 2 blocks) on a fixed chunked latent clip."""
+    from core.testing import ModelExample
+
+    cfg = FlexForcingConfig(frame_size=16, vae_channels=[8, 8], vae_norm_groups=4, dim=32, depth=2, num_heads=2,
+                            num_frames=6, sample_steps=4, pyramid_levels=3)
+
+    def build() -> FlexForcingModel:
+        model = FlexForcingModel(cfg)
+        g = torch.Generator().manual_seed(7)  # the zero-initialised weights get values: a non-trivial function
+        with torch.no_grad():
+            for p in model.dit.parameters():
+                if p.abs().sum() == 0:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        return model
+
+    def inputs() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"x": torch.randn(2, 6, 4, 8, 8, generator=g), "t": torch.rand(2, 6, generator=g),
+                "frames": torch.arange(6), "chunks": torch.tensor([0, 0, 1, 1, 1, 1])}
+
+    def train_inputs() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"video": torch.randint(0, 256, (2, 6, 3, 16, 16), generator=g, dtype=torch.uint8)}
+
+    return ModelExample(build=build, inputs=inputs, train_inputs=train_inputs, atol=1e-6)

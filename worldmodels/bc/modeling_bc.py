@@ -12,6 +12,8 @@ actions are in the env's action space (units in ``env.metadata["action_space_des
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +25,9 @@ from torch import nn
 
 from core.pretrained import PreTrainedModel
 from worldmodels.bc.configuration_bc import BCConfig
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 
 class SpatialSoftmax(nn.Module):
@@ -191,3 +196,24 @@ class BCPolicy:
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """(A,) float32 action for one env (env index 0 of ``act_batch``)."""
         return self.act_batch({k: np.asarray(v)[None] for k, v in obs.items()}, [info])[0]
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny BC policy (16 px, 4 keypoints) on a fixed observation / action window."""
+    from core.testing import ModelExample
+
+    cfg = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
+                   action_dim=3, proprio_dim=5)
+
+    def inputs() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"image": torch.randint(0, 256, (2, 3, 16, 16), generator=g, dtype=torch.uint8),
+                "proprio": torch.randn(2, 5, generator=g)}
+
+    def train_inputs() -> dict[str, torch.Tensor]:
+        b, g = inputs(), torch.Generator().manual_seed(1)
+        return {"obs.image": b["image"][:, None], "obs.proprio": b["proprio"][:, None],
+                "actions": torch.randn(2, 4, 3, generator=g),
+                "actions_is_pad": torch.tensor([[False] * 4, [False, False, True, True]])}
+
+    return ModelExample(build=lambda: BCPolicyModel(cfg), inputs=inputs, train_inputs=train_inputs)

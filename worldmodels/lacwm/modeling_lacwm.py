@@ -24,6 +24,7 @@ delta (dx, dy, dz m; axis-angle rad; world frame) summed over ``frame_skip`` con
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from torch import nn
 from core.layers import Attention, Mlp, TransformerBlock, inject_lora
 from core.pretrained import PreTrainedModel
 from worldmodels.lacwm.configuration_lacwm import LACWMConfig
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 
 # ------------------------------------------------------------------------------------------- frames
@@ -552,3 +556,24 @@ class EACWorldModel(WorldModel):
 def build_model(config: LACWMConfig) -> WorldModel:
     """LAC-WM or EAC-WM from ``config.conditioning``."""
     return LACWorldModel(config) if config.conditioning == "latent" else EACWorldModel(config)
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny LAC-WM (16 px, 2-frame context, one embodiment's projector): reconstruction and a
+    one-step prediction from explicit actions. The projectors train only in adaptation, so no gradient here."""
+    from core.testing import ModelExample
+
+    cfg = LACWMConfig(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2, latent_dim=8,
+                      latent_tokens=2, action_hidden=32, aug_shift=2, context=2, temporal_attention=True,
+                      projectors={"Arm": 5})
+
+    def inputs() -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"frames": torch.randint(0, 256, (3, 3, 3, 16, 16), generator=g, dtype=torch.uint8),
+                "motion": torch.randn(3, 2, 6, generator=g), "actions": torch.randn(3, 2, 5, generator=g),
+                "embodiment_id": torch.zeros(3, dtype=torch.int64)}
+
+    def run(model, batch):
+        return model.reconstruct(batch["frames"]), model(batch["frames"], batch["actions"], "Arm")
+
+    return ModelExample(build=lambda: LACWorldModel(cfg), inputs=inputs, run=run, no_grad_params=("projectors.",))
