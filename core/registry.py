@@ -186,11 +186,27 @@ class MethodSpec:
     demo: str | None = None  # "module:function" (DemoContext) -> DemoSection
     infer: tuple[InferSpec, ...] = ()
     flags: tuple[Flag, ...] = ()
+    #: The arms of the method's experiments: name -> the config overrides that select it. The first is the
+    #: method itself; the rest are its baselines / ablations. ``embodied train METHOD --arm NAME`` and the
+    #: experiment grid (``core.experiments``) choose an arm this one way.
+    arms: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: "module:function" (workdir: Path) -> ``core.testing.ModelExample``: a tiny model of the method and a
+    #: fixed input, which the contract test (tests/test_model_contract.py) checks for every registered method.
+    example: str | None = None
+
+    def arm_overrides(self, arm: str) -> tuple[str, ...]:
+        """The overrides that select ``arm`` (a one-line ``ConfigError`` naming the known arms otherwise)."""
+        table = dict(self.arms)
+        if arm not in table:
+            known = ", ".join(table) or "none (the method has a single arm)"
+            raise ConfigError(f"method {self.name!r} has no arm {arm!r} (arms: {known})")
+        return table[arm]
 
 
 def register_method(name: str, *, folder: str, description: str, task: str, config: str | Sequence[str] = (),
                     model: str | None = None, policy: str | None = None, demo: str | None = None,
-                    infer: Sequence[InferSpec] = (), flags: Sequence[Flag] = ()) -> MethodSpec:
+                    infer: Sequence[InferSpec] = (), flags: Sequence[Flag] = (),
+                    arms: dict[str, Sequence[str]] | None = None, example: str | None = None) -> MethodSpec:
     """Register a method's train / eval tasks, config modules, model class, policy, demo and infer commands.
 
     Everything is given as lazy ``"module:attr"`` strings: registering imports nothing heavy.
@@ -198,7 +214,8 @@ def register_method(name: str, *, folder: str, description: str, task: str, conf
     """
     spec = MethodSpec(name=name, folder=folder, description=description, task=task,
                       config=(config,) if isinstance(config, str) else tuple(config), model=model, policy=policy,
-                      demo=demo, infer=tuple(infer), flags=tuple(flags))
+                      demo=demo, infer=tuple(infer), flags=tuple(flags),
+                      arms=tuple((k, tuple(v)) for k, v in (arms or {}).items()), example=example)
     METHODS.register(name, task, overwrite=True, spec=spec, folder=folder, description=description)
     if model:
         MODELS.register(name, model, overwrite=True)
