@@ -1,48 +1,46 @@
 """The FeRA comparison, rerunnable: every arm x seed x backbone (x resolution) through the public CLI.
 
     python -m perception.adapters.experiments --out outputs/fera_exp --seeds 0 1 --steps 600 \
-        --backbones unet dit --arms fera fera_norouter fera_nofecl lora dora [--size 32] [--jobs 2]
+        --backbones unet dit --arms fera fera_norouter fera_nofecl lora dora [--size 32] [--workers 2]
 
-Per backbone: the base is pretrained once on the source domain (``embodied train fera`` does it on first use,
-into ``<out>/base_<kind>_<size>``); then each arm (``adapter=<arm>``) is fine-tuned on the same target shots
-for the same steps with the same trainer settings, one run per seed (``trainer.seed``; the shots and the
-held-out crops are fixed by ``data.seed``), and evaluated by ``embodied eval fera``. Runs go ``--jobs`` at a
-time (one thread each). ``summary.json`` / ``summary.md`` hold the table: trainable parameters, held-out
-loss per noise level and FD-EffNet, mean and spread over seeds, next to the unadapted base.
+The arms are FeRA's registered arms (``perception/adapters/register.py``). Per backbone: the base is pretrained
+once on the source domain (the first run does it alone, into ``<out>/base_<kind>_<size>``); then each arm is
+fine-tuned on the same target shots for the same steps with the same trainer settings, one run per seed
+(``trainer.seed``; the shots and the held-out crops are fixed by ``data.seed``), and evaluated by ``embodied eval
+fera`` (the ``core.experiments`` grid, in ``<out>/<kind><size>/<arm>_s<seed>``). Runs go ``--workers`` at a time
+(one thread each); a run with an ``eval.json`` is not rerun. ``summary.json`` / ``summary.md`` hold the table:
+trainable parameters, held-out loss per noise level and FD-EffNet, mean and spread over seeds, next to the
+unadapted base.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from core.experiments import mean_sd, run_cli
-from core.io import read_json, write_json, write_text
+from core import experiments as ex
+from core.io import write_json
 
-ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora")
+ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora")  # the registered arms, in run order
 
 
-def run_arm(out: Path, kind: str, size: int, arm: str, seed: int, steps: int, extra: list[str]) -> Path:
-    run_dir = out / f"{kind}{size}" / f"{arm}_s{seed}"
-    base = out / f"base_{kind}_{size}"
-    overrides = [f"model=fera_{kind}", f"model.image_size={size}", f"model.base_path={base}", f"adapter={arm}",
-                 f"trainer.seed={seed}", f"trainer.max_steps={steps}", "trainer.progress=false", f"out_dir={run_dir}",
-                 *extra]
-    if not (run_dir / "eval.json").is_file():
-        run_cli(["train", "fera", *overrides], run_dir.with_suffix(".log"))
-        run_cli(["eval", "fera", *overrides], run_dir.with_suffix(".log"))
-    return run_dir
+def grid(out: Path, kind: str, size: int, arms: dict[str, tuple[str, ...]], seeds: list[int], steps: int,
+         extra: list[str]) -> ex.Grid:
+    """One backbone's arm x seed grid (every arm adapts the same base, ``<out>/base_<kind>_<size>``)."""
+    return ex.Grid("fera", out / f"{kind}{size}", arms, seeds,
+                   [f"model=fera_{kind}", f"model.image_size={size}", f"model.base_path={out / f'base_{kind}_{size}'}",
+                    f"trainer.max_steps={steps}", "trainer.progress=false", *extra])
 
 
 def collect(out: Path) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
     """Every finished run under ``out`` (all backbones and sizes run so far), by (backbone, size, arm)."""
     results: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
-    for f in sorted(out.glob("*/*_s*/eval.json")):
-        e = read_json(f)
-        results.setdefault((e["backbone"], e["image_size"], e["arm"]), []).append(e)
+    for sub in sorted(d for d in out.iterdir() if d.is_dir()) if out.is_dir() else []:
+        for by_seed in ex.collect(sub).values():
+            for e in by_seed.values():
+                results.setdefault((e["backbone"], e["image_size"], e["arm"]), []).append(e)
     return results
 
 
@@ -52,8 +50,8 @@ def summarise(results: dict[tuple[str, int, str], list[dict[str, Any]]]) -> list
         levels = list(evals[0]["heldout_loss"])
         row = {"backbone": kind, "size": size, "arm": arm, "seeds": len(evals),
                "trainable_parameters": evals[0]["trainable_parameters"],
-               "fd": mean_sd([e["fd"] for e in evals]),
-               "loss": {lv: mean_sd([e["heldout_loss"][lv] for e in evals]) for lv in levels},
+               "fd": ex.mean_sd([e["fd"] for e in evals]),
+               "loss": {lv: ex.mean_sd([e["heldout_loss"][lv] for e in evals]) for lv in levels},
                "base": evals[0]["base"]}
         curves = [{p["step"]: p["mean"] for p in e.get("curve", [])} for e in evals]
         steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
@@ -109,7 +107,7 @@ def fecl_gradient_probe(base_path: str, kind: str = "dit", steps: int = 60, seed
     torch.manual_seed(seed)
     model_cfg, data, adapter, _ = task._configs(compose(["experiment=fera", f"model=fera_{kind}",
                                                          f"model.base_path={base_path}"]))
-    model = task.AdaptedDenoiser(task.load_base(model_cfg), adapter)  # its training_step: MSE + FECL
+    model = task.AdaptedDenoiser.around(task.load_base(model_cfg), adapter, base_path)  # MSE + FECL step
     shots = task.target_split(model_cfg, data, "train").float() / 127.5 - 1
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
@@ -134,13 +132,10 @@ def fecl_gradient_probe(base_path: str, kind: str = "dit", steps: int = 60, seed
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="outputs/fera_exp")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ex.grid_arguments(p, out="outputs/fera_exp", default_arms=ARMS)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--backbones", nargs="+", default=["unet", "dit"], choices=["unet", "dit"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--size", type=int, default=32)
-    p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
     p.add_argument("--ship", default=None, metavar="DIR",
                    help="copy the first backbone's base, its seed-0 fera and lora adapters and the table here")
@@ -151,42 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.fecl_probe:
         write_json(out / "fecl_probe.json", fecl_gradient_probe(args.fecl_probe))
         return 0
-    for kind in args.backbones:
-        # the base first (one run pretrains it; the arms then share it)
-        first = run_arm(out, kind, args.size, args.arms[0], args.seeds[0], args.steps, args.extra)
-        jobs = [(kind, args.size, arm, s) for arm in args.arms for s in args.seeds]
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            dirs = list(pool.map(lambda j: run_arm(out, *j, args.steps, args.extra), jobs))
-        assert first in dirs
-        rows = summarise(collect(out))
-        write_json(out / "summary.json", rows)
-        write_text(out / "summary.md", markdown(rows) + "\n" + markdown_curves(rows))
+    failures = []
+    if not args.collect_only:
+        arms = ex.pick_arms(ex.method_arms("fera"), args.arms)
+        for kind in args.backbones:  # the first run pretrains the base alone; the arms then share it
+            failures += grid(out, kind, args.size, arms, args.seeds, args.steps, args.extra).run(args.workers, True)
+    rows = summarise(collect(out))
+    if rows:
+        ex.write_summary(out, rows, markdown(rows) + "\n" + markdown_curves(rows))
+        print((out / "summary.md").read_text())
     if args.ship:
         ship(out, Path(args.ship), args.backbones[0], args.size, args.seeds[0])
-    print((out / "summary.md").read_text())
-    return 0
+    return ex.report(failures)
 
 
 def ship(out: Path, dest: Path, kind: str, size: int, seed: int) -> None:
-    """What the demo loads: ``model.json``, ``base/model.safetensors``, ``fera/`` and ``lora/`` adapter folders,
-    ``comparison.md`` (the summary table)."""
-    import shutil
-
-    from core import checkpoint as ckpt
-    from core.io import atomic_dir
+    """What the demo loads: ``fera/`` and ``lora/`` (self-contained exported models of the seed-``seed`` runs,
+    each with its base copied into ``<arm>/base``) and ``comparison.md`` (the summary table)."""
+    from perception.adapters.task import ship_models
 
     runs = out / f"{kind}{size}"
-    cfg = read_json(runs / f"fera_s{seed}" / "config.json")
-    with atomic_dir(dest) as tmp:
-        tmp = Path(tmp)
-        model = dict(cfg["model"], base_path="(shipped: base/)")
-        write_json(tmp / "model.json", model)
-        latest = ckpt.latest_checkpoint(out / f"base_{kind}_{size}" / "checkpoints")
-        (tmp / "base").mkdir()
-        shutil.copy2(latest / ckpt.MODEL_FILE, tmp / "base" / "model.safetensors")
-        for arm in ("fera", "lora"):
-            shutil.copytree(runs / f"{arm}_s{seed}" / "adapter", tmp / arm)
-        shutil.copy2(out / "summary.md", tmp / "comparison.md")
+    ship_models({arm: runs / f"{arm}_s{seed}" for arm in ("fera", "lora")}, dest, out / "summary.md")
 
 
 if __name__ == "__main__":

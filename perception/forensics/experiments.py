@@ -1,43 +1,32 @@
 """The Deep-VRM comparison, rerunnable: every arm x seed through the public CLI, the layer probe, the table.
 
     python -m perception.forensics.experiments --out outputs/deepvrm_exp --seeds 0 1 \
-        [--arms deepvrm lora full freq_cnn feature_probe] [--jobs 2] [--extra k=v ...] [--summary-only] [--ship]
+        [--arms deepvrm lora full freq_cnn feature_probe] [--workers 2] [--extra k=v ...] [--collect-only] [--ship]
 
-Every arm trains on the same GenImage-layout set (``data.root``; built on first use), the same steps and the same
-evaluation (``embodied train deepvrm model.arm=<arm> trainer.seed=<s>`` then ``embodied eval deepvrm``); the VLM
-arms start from the same base VLM (``model.base_path``, pretrained on image QA on first use). A run with an
-``eval.json`` is not rerun. Then the layer-wise probe of the base (``probe.json``) and ``summary.json`` /
-``summary.md``: accuracy / AP per generator (the held-out family marked), the general-ability QA accuracy after
-training against the base's, mean and spread over seeds.
+The arms are Deep-VRM's registered arms (``perception/forensics/register.py``). Every arm trains on the same
+GenImage-layout set (``data.root``; built on first use), the same steps and the same evaluation (the
+``core.experiments`` grid: ``embodied train deepvrm <arm> trainer.seed=<s>`` then ``embodied eval deepvrm``); the
+VLM arms start from the same base VLM (``model.base_path``, pretrained on image QA on first use, by the first run
+alone). A run with an ``eval.json`` is not rerun. Then the layer-wise probe of the base (``probe.json``) and
+``summary.json`` / ``summary.md``: accuracy / AP per generator (the held-out family marked), the general-ability
+QA accuracy after training against the base's, mean and spread over seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.experiments import mean_sd, run_cli
-from core.io import read_json, write_json, write_text
+from core import experiments as ex
+from core.io import atomic_dir, read_json, write_json
 
-ARMS = ("deepvrm", "lora", "full", "freq_cnn", "feature_probe")
+ARMS = ("deepvrm", "lora", "full", "freq_cnn", "feature_probe")  # the registered arms, in table order
 LABELS = {"deepvrm": "Deep-VRM", "lora": "LoRA only (no residual)", "full": "full fine-tuning",
           "freq_cnn": "frequency CNN", "feature_probe": "frozen-feature probe (EffNet-Lite0)"}
-
-
-def run_arm(out: Path, arm: str, seed: int, extra: list[str]) -> Path:
-    run_dir = out / f"{arm}_s{seed}"
-    over = [f"model.arm={arm}", f"trainer.seed={seed}", "trainer.tensorboard=false", f"out_dir={run_dir}", *extra]
-    if not (run_dir / "detector").is_dir():
-        (run_dir / "eval.json").unlink(missing_ok=True)
-        run_cli(["train", "deepvrm", *over], run_dir.with_suffix(".log"))
-    if not (run_dir / "eval.json").is_file():
-        run_cli(["eval", "deepvrm", *over], run_dir.with_suffix(".log"))
-    return run_dir
 
 
 def probe(out: Path, extra: list[str], n: int = 400) -> dict[str, Any]:
@@ -71,48 +60,36 @@ def probe(out: Path, extra: list[str], n: int = 400) -> dict[str, Any]:
 
 
 def summarise(out: Path, command: str = "") -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for f in sorted(out.glob("*_s*/eval.json")):
-        arm = f.parent.name.rsplit("_s", 1)[0]
-        runs.setdefault(arm, []).append(read_json(f))
+    """Every finished run under ``out`` (any arm, any seed): per-generator accuracy / AP and QA, mean ± sd."""
+    found = ex.collect(out)
+    runs = {arm: list(found[arm].values()) for arm in [a for a in ARMS if a in found] + sorted(set(found) - set(ARMS))}
     rows: dict[str, Any] = {}
     gens: list[str] = []
     holdout = None
-    for arm in [a for a in ARMS if a in runs] + sorted(set(runs) - set(ARMS)):
-        evs = runs[arm]
+    for arm, evs in runs.items():
         holdout = evs[0]["holdout"]
         gens = [g for g in evs[0]["per_generator"] if g not in ("all", "mean")]
-        row: dict[str, Any] = {"seeds": len(evs)}
-        for g in [*gens, "mean"]:
-            for m in ("acc", "ap"):
-                row[f"{g}.{m}"] = mean_sd([e["per_generator"][g][m] for e in evs])
-        if "qa" in evs[0]:
-            row["qa"] = mean_sd([e["qa"]["acc"] for e in evs])
-            row["qa_base"] = evs[0]["qa_base"]["acc"]
-        rows[arm] = row
+        rows[arm] = ex.seed_stats(evs, {**{f"{g}.{m}": f"per_generator/{g}/{m}" for g in [*gens, "mean"]
+                                        for m in ("acc", "ap")}, "qa": "qa/acc"})
+        if "qa" in rows[arm]:
+            rows[arm]["qa_base"] = evs[0]["qa_base"]["acc"]
     summary = {"command": command, "generators": gens, "holdout": holdout, "rows": rows,
                "trained_on": next(iter(runs.values()))[0]["trained_on"] if runs else []}
     if (out / "probe.json").is_file():
         summary["probe"] = read_json(out / "probe.json")
-    write_json(out / "summary.json", summary)
-    write_text(out / "summary.md", table(summary))
+    ex.write_summary(out, summary, table(summary))
     return summary
 
 
-def _pm(v: dict[str, float] | None) -> str:
-    return "–" if v is None else f"{100 * v['mean']:.1f} ± {100 * v['sd']:.1f}"
-
-
 def table(summary: dict[str, Any]) -> str:
+    """The markdown of a summary: one row per arm (in %), then the layer probe when there is one."""
     gens, hold = summary["generators"], summary["holdout"]
-    cols = [f"{g}{' (held out)' if g == hold else ''}" for g in gens]
-    lines = ["| arm | " + " | ".join(f"{c} acc / AP" for c in cols) + " | mean acc / AP | QA after (base) |",
-             "|---|" + "---|" * (len(gens) + 2)]
-    for arm, r in summary["rows"].items():
-        cells = [f"{_pm(r[f'{g}.acc'])} / {_pm(r[f'{g}.ap'])}" for g in [*gens, "mean"]]
-        qa = f"{_pm(r['qa'])} ({100 * r['qa_base']:.1f})" if "qa" in r else "n/a"
-        lines.append(f"| {LABELS.get(arm, arm)} | " + " | ".join(cells) + f" | {qa} |")
-    text = "\n".join(lines) + f"\n\nMean ± sd over seeds, in %. Trained on {summary['trained_on']}.\n"
+    columns = [ex.Column(f"{g}{' (held out)' if g == hold else ''} acc / AP", (f"{g}.acc", f"{g}.ap"), 100, 1)
+               for g in gens]
+    columns += [ex.Column("mean acc / AP", ("mean.acc", "mean.ap"), 100, 1),
+                ex.Column("QA after (base)", ("qa", "qa_base"), 100, 1, template="{0} ({1})", missing="n/a")]
+    text = ex.arm_table(summary["rows"], columns, labels=LABELS)
+    text += f"\n\nMean ± sd over seeds, in %. Trained on {summary['trained_on']}.\n"
     if "probe" in summary:
         p = summary["probe"]
         text += f"\nLayer-wise linear probe of the base (accuracy entering each layer; K = {p['inject_layer']}):\n\n"
@@ -133,9 +110,8 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
 
     src = (run or out / f"deepvrm_s{seed}") / "detector"
     dst = asset("checkpoints", "deepvrm")
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
+    with atomic_dir(dst) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
     samples = asset("samples", "deepvrm")
     samples.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "summary.json", samples / "comparison.json")
@@ -154,25 +130,20 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perception.forensics.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("outputs/deepvrm_exp"))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    p.add_argument("--jobs", type=int, default=2)
+    ex.grid_arguments(p, out="outputs/deepvrm_exp", default_arms=ARMS)
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every run (k=v)")
-    p.add_argument("--summary-only", action="store_true")
     p.add_argument("--no-probe", action="store_true")
     p.add_argument("--ship", action="store_true", help="copy deepvrm seed 0's detector to assets/checkpoints/deepvrm "
                                                        "and the table to assets/samples/deepvrm")
     p.add_argument("--ship-run", type=Path, default=None,
                    help="with --ship: the run folder whose detector is shipped (default <out>/deepvrm_s<seed>)")
     a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    if not a.summary_only:
-        jobs = [(arm, s) for s in a.seeds for arm in a.arms]
-        with ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            for f in [pool.submit(run_arm, a.out, arm, s, a.extra) for arm, s in jobs]:
-                f.result()
-        if not a.no_probe:
+    failures = []
+    if not a.collect_only:
+        grid = ex.Grid("deepvrm", a.out, ex.pick_arms(ex.method_arms("deepvrm"), a.arms), a.seeds,
+                    ["trainer.tensorboard=false", *a.extra])
+        failures = grid.run(a.workers, first_alone=True)  # the first builds the data and the base VLM
+        if not a.no_probe and not failures:
             probe(a.out, a.extra)
     summary = summarise(a.out, "python -m perception.forensics.experiments " + " ".join(
         [f"--out {a.out}", "--seeds", *map(str, a.seeds), "--arms", *a.arms]
@@ -180,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(summary))
     if a.ship:
         ship(a.out, a.seeds[0], a.extra, run=a.ship_run)
-    return 0
+    return ex.report(failures)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,17 @@ on real photos (no ground truth: qualitative, with the domain check's distance).
 
 ``glass`` — does a pretrained context encoder help on transparent objects? Glass-dominated close-up renders
 (``data.render.framing=closeup``, real HDR light; rendered once on first use), one VAE pre-trained once and
-shared by every arm, then each arm x seed trained for the same steps on the same data and scored on the
-held-out split's glass pixels (and the whole image):
+shared by every arm, then each arm x seed trained for the same steps on the same data (the ``core.experiments``
+grid, ``--workers`` runs at a time) and scored on the held-out split's glass pixels (and the whole image):
 
     python -m perception.normals.experiments glass --out outputs/transnormal_glass --seeds 0 1 \
-        --arms effnet dino none diffusion effnet_nocons effnet_nowav --steps 1500 [--size 96] [--crop 64] [--jobs 2]
+        --arms effnet dino none diffusion effnet_nocons effnet_nowav --steps 1500 [--size 96] [--crop 64] \
+        [--workers 2]
 
-Arms (``GLASS_ARMS``): ``effnet`` the frozen ImageNet EfficientNet-Lite0 as context (pretrained), ``dino`` the
-random frozen DINOv3 (the default), ``none`` one learned null token, ``diffusion`` the multi-step baseline (same
-UNet, 10 DDIM steps, with the pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or the
-wavelet loss switched off.
+Arms: TransNormal's registered arms (``perception/normals/register.py``), the method's own under the name
+``effnet`` (the frozen ImageNet EfficientNet-Lite0 as context, pretrained); ``dino`` the random frozen DINOv3,
+``none`` one learned null token, ``diffusion`` the multi-step baseline (same UNet, 10 DDIM steps, with the
+pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or the wavelet loss switched off.
 
 ``ship RUN`` copies a run's checkpoint into ``assets/checkpoints/transnormal`` (self-contained: see ``ship``).
 """
@@ -35,6 +36,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from core import experiments as ex
 from core.experiments import run_cli
 from core.io import read_json, write_json, write_text
 
@@ -122,19 +124,11 @@ def _f(v, pct=False) -> str:
     return "-" if v is None else (f"{v:.1f} %" if pct else f"{v:.1f}")  # a11.25 is already in percent
 
 
-# EfficientNet-Lite0 sees the image at 128 px (8 x 8 = 64 stride-16 cells): at 224 px it doubled the step time
-# of the tiny model on CPU (1.85 vs 1.03 s at batch 8, 64 px crops), for an upsampled 96 px view.
-EFFNET = ["model.context_encoder=efficientnet_lite0", "model.dino_image_size=128"]
-GLASS_ARMS: dict[str, list[str]] = {
-    "effnet": EFFNET,
-    "dino": ["model.context_encoder=dinov3", "model.dino_image_size=null"],
-    "none": ["model.use_dino=false"],
-    "diffusion": ["model.mode=diffusion", *EFFNET],
-    "effnet_nocons": [*EFFNET, "model.w_cons=0"],
-    "effnet_nowav": [*EFFNET, "model.w_wav=0"],
-    "dino_nocons": ["model.context_encoder=dinov3", "model.dino_image_size=null", "model.w_cons=0"],
-    "none_nocons": ["model.use_dino=false", "model.w_cons=0"],
-}
+def glass_arms() -> dict[str, tuple[str, ...]]:
+    """The registered arms, the method's own (EfficientNet-Lite0 context) named ``effnet`` as in the study."""
+    arms = ex.method_arms("transnormal")
+    first = next(iter(arms))
+    return {("effnet" if a == first else a): over for a, over in arms.items()}
 
 
 def _glass_common(args) -> list[str]:
@@ -142,67 +136,46 @@ def _glass_common(args) -> list[str]:
     root = args.data or f"outputs/datasets/transnormal_glass{args.size}"
     return [f"data.root={root}", f"data.image_size={args.size}", f"data.render.size={args.size}",
             f"data.render.n={args.n}", "data.render.source=real", "data.render.framing=closeup",
-            f"data.render.workers={args.jobs}", f"model.image_size={args.crop}", f"model.processing_res={args.size}",
-            "trainer.progress=false", "trainer.tensorboard=false"]
+            f"data.render.workers={args.workers}", f"model.image_size={args.crop}",
+            f"model.processing_res={args.size}", "trainer.progress=false", "trainer.tensorboard=false"]
 
 
-def glass_run(args, arm: str, seed: int) -> Path:
-    run_dir = args.out / f"{arm}_s{seed}"
-    overrides = [*_glass_common(args), *GLASS_ARMS[arm], f"model.vae_path={args.out / 'vae_base' / 'vae'}",
-                 f"trainer.seed={seed}", f"trainer.max_steps={args.steps}", f"trainer.ckpt_every={args.steps}",
-                 f"out_dir={run_dir}"]
-    if not (run_dir / "eval.json").is_file():
-        run_cli(["train", "transnormal", *overrides], run_dir.with_suffix(".log"))
-        run_cli(["eval", "transnormal", *overrides, "eval.baselines=[constant]"], run_dir.with_suffix(".log"))
-    return run_dir
+KEYS = ("mean", "median", "a11.25")
+METRICS = {f"{part}_{k}": f"{part if part == 'glass' else 'all'}/{k}" for part in ("glass", "all") for k in KEYS}
+COLUMNS = [ex.Column("seeds", "seeds"), ex.Column("sampler steps", "steps"),
+           *(ex.Column(f"{part} {h}", f"{part}_{k}", digits=1) for part in ("glass", "all")
+             for h, k in zip(("mean (deg)", "median", "< 11.25 (%)"), KEYS, strict=True)),
+           ex.Column("glass mean per seed", "per_seed_glass_mean")]
 
 
 def glass(args) -> dict[str, Any]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from core.experiments import mean_sd
-
     out = args.out
     vae = out / "vae_base"
-    if not (vae / "vae").is_dir() and not args.collect_only:  # renders the data on first use, then stage 1 only (one UNet step)
-        run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
-                out / "vae_base.log", threads=max(1, args.jobs))
-    runs = [(arm, seed) for arm in args.arms for seed in args.seeds]
+    failures: list[ex.Failure] = []
     if not args.collect_only:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda r: glass_run(args, *r), runs))
-    rows, const = [], []
-    for arm in args.arms:
-        evals = [read_json(out / f"{arm}_s{s}" / "eval.json") for s in args.seeds
-                 if (out / f"{arm}_s{s}" / "eval.json").is_file()]
-        if not evals:
-            continue
-        const += [e["models"]["constant"] for e in evals]
-        m = [e["models"]["transnormal"] for e in evals]
-        rows.append({"arm": arm, "seeds": len(m), "steps": m[0].get("steps"),
-                     **{f"glass_{k}": mean_sd([x["glass"][k] for x in m]) for k in ("mean", "median", "a11.25")},
-                     **{f"all_{k}": mean_sd([x["all"][k] for x in m]) for k in ("mean", "median", "a11.25")},
+        if not (vae / "vae").is_dir():  # renders the data on first use, then stage 1 only (one UNet step)
+            run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
+                    out / "vae_base.log", threads=max(1, args.workers))
+        grid = ex.Grid("transnormal", out, ex.pick_arms(glass_arms(), args.arms), args.seeds,
+                       [*_glass_common(args), f"model.vae_path={vae / 'vae'}", f"trainer.max_steps={args.steps}",
+                        f"trainer.ckpt_every={args.steps}"], eval_overrides=["eval.baselines=[constant]"])
+        failures = grid.run(args.workers)
+    runs = ex.collect(out, arms=args.arms, seeds=args.seeds)
+    rows = []
+    for arm, by_seed in runs.items():
+        m = [e["models"]["transnormal"] for e in by_seed.values()]
+        rows.append({"arm": arm, **ex.seed_stats(m, METRICS), "steps": m[0].get("steps"),
                      "per_seed_glass_mean": [round(x["glass"]["mean"], 2) for x in m]})
-    if const:
-        rows.append({"arm": "constant normal (train mean)", "seeds": 1, "steps": None,
-                     **{f"glass_{k}": mean_sd([const[0]["glass"][k]]) for k in ("mean", "median", "a11.25")},
-                     **{f"all_{k}": mean_sd([const[0]["all"][k]]) for k in ("mean", "median", "a11.25")},
-                     "per_seed_glass_mean": [round(const[0]["glass"]["mean"], 2)]})
-    meta = read_json(Path(_glass_common(args)[0].split("=", 1)[1]) / "meta.json")
-    summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-               "mean_glass_fraction": meta.get("mean_glass_fraction"), "rows": rows}
-    write_json(out / "summary.json", summary)
-
-    def ms(d, pct=False):
-        return f"{_f(d['mean'], pct)} ± {d['sd']:.1f}"
-
-    lines = ["| arm | seeds | sampler steps | glass mean (deg) | glass median | glass < 11.25 | all mean | all median | "
-             "all < 11.25 | glass mean per seed |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['arm']} | {r['seeds']} | {r['steps'] or '-'} | {ms(r['glass_mean'])} | {ms(r['glass_median'])} | "
-              f"{ms(r['glass_a11.25'], True)} | {ms(r['all_mean'])} | {ms(r['all_median'])} | "
-              f"{ms(r['all_a11.25'], True)} | {r['per_seed_glass_mean']} |" for r in rows]
-    write_text(out / "summary.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if runs:
+        const = next(iter(next(iter(runs.values())).values()))["models"]["constant"]
+        rows.append({"arm": "constant normal (train mean)", **ex.seed_stats([const], METRICS), "steps": None,
+                     "per_seed_glass_mean": [round(const["glass"]["mean"], 2)]})
+    meta_file = Path(_glass_common(args)[0].split("=", 1)[1]) / "meta.json"
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    summary = {"settings": settings, "rows": rows, "failed": [str(f) for f in failures],
+               "mean_glass_fraction": read_json(meta_file).get("mean_glass_fraction") if meta_file.is_file() else None}
+    print(ex.write_summary(out, summary, ex.arm_table({r["arm"]: r for r in rows}, COLUMNS)))
+    ex.report(failures)
     return summary
 
 
@@ -250,16 +223,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     r.add_argument("--train", action="store_true", help="train --new first (embodied train transnormal) if missing")
     r.set_defaults(func=realism)
     g = sub.add_parser("glass", help="context encoders and losses on glass-dominated renders")
-    g.add_argument("--out", type=Path, default=Path("outputs/transnormal_glass"))
-    g.add_argument("--arms", nargs="+", default=["effnet", "none"], choices=list(GLASS_ARMS))
-    g.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ex.grid_arguments(g, out="outputs/transnormal_glass", default_arms=["effnet", "none"])
     g.add_argument("--steps", type=int, default=1500)
     g.add_argument("--size", type=int, default=96, help="rendered view side (px)")
     g.add_argument("--crop", type=int, default=64, help="training crop side (model.image_size)")
-    g.add_argument("--n", type=int, default=480, help="views to render (the last 20 % are the test split)")
+    g.add_argument("--n", type=int, default=480, help="views to render (the last 20 %% are the test split)")
     g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
-    g.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    g.add_argument("--collect-only", action="store_true", help="only tabulate the finished runs (arms x seeds)")
     g.set_defaults(func=glass)
     sh = sub.add_parser("ship", help="copy a run's checkpoint into assets/ as a self-contained checkpoint")
     sh.add_argument("run", help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")
@@ -270,4 +239,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(1 if main().get("failed") else 0)

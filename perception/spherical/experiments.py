@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from core import experiments as ex
 from core.experiments import run_cli
-from core.io import read_json, write_json, write_text
+from core.io import read_json
 
 TEST_SETS = {  # name -> (data.root, data.render_source): the experiment config's render settings (n 200, seed 0)
     "analytic rooms": ("outputs/datasets/panoramas_sola_analytic", "analytic"),
@@ -83,21 +84,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pano = blender_hdri("interior")
     real = {tag: real_panorama(out, tag, ckpt, pano) for tag, ckpt in ckpts.items()}
     summary = {"checkpoints": ckpts, "heldout": rows, "real_panorama": {"input": str(pano), **real}}
-    write_json(out / "summary.json", summary)
-    lines = ["| checkpoint | test set | rotation | MAE (m) | RMSE (m) | AbsRel | delta1 | mIoU |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['checkpoint']} | {r['test set']} ({r['n']}) | {r['rotation']} | {r['mae']} | {r['rmse']} | "
-              f"{r['absrel']} | {r['delta1']} | {r['miou'] if r['miou'] is not None else 'n/a (other classes)'} |"
-              for r in rows]
-    lines += ["", f"Real indoor panorama ({pano.name}, no ground truth):", "",
-              "| checkpoint | depth min / p5 / median / p95 / max (m) | classes > 1 % | class fractions |",
-              "| --- | --- | --- | --- |"]
+    heldout = ex.markdown_table(
+        ["checkpoint", "test set", "rotation", "MAE (m)", "RMSE (m)", "AbsRel", "delta1", "mIoU"],
+        ([r["checkpoint"], f"{r['test set']} ({r['n']})", r["rotation"], r["mae"], r["rmse"], r["absrel"], r["delta1"],
+          r["miou"] if r["miou"] is not None else "n/a (other classes)"] for r in rows))
+    pano_rows = []
     for tag, r in real.items():
         hist = ", ".join(f"{c} {v:.2f}" for c, v in sorted(r["class_fractions"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"| {tag} | {r['depth_min']:.2f} / {r['depth_p5']:.2f} / {r['depth_median']:.2f} / "
-                     f"{r['depth_p95']:.2f} / {r['depth_max']:.2f} | {r['classes_present']} | {hist} |")
-    write_text(out / "summary.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+        pano_rows.append([tag, " / ".join(f"{r[k]:.2f}" for k in ("depth_min", "depth_p5", "depth_median", "depth_p95",
+                                                                   "depth_max")), r["classes_present"], hist])
+    print(ex.write_summary(out, summary, "\n".join([
+        heldout, "", f"Real indoor panorama ({pano.name}, no ground truth):", "",
+        ex.markdown_table(["checkpoint", "depth min / p5 / median / p95 / max (m)", "classes > 1 %", "class fractions"],
+                          pano_rows)])))
     return summary
 
 

@@ -1,14 +1,14 @@
 """The paper's comparison in miniature: Flex-Forcing in three regimes against the rigid-schedule baselines.
 
-``python -m perception.video.experiments --out outputs/flex_exp [--seeds 0 1] [--steps 2500]``
+``python -m perception.video.experiments --out outputs/flex_exp [--seeds 0 1] [--steps 2500] [--workers 1]``
 
-Same data, budget and harness for every arm: the three models are trained by the project's own command
-(``embodied train flexforcing``, ``model=flexforcing`` / ``flexforcing_bidirectional`` /
-``flexforcing_autoregressive``) on the same rendered clips for the same number of steps and batch size, on every
-training seed; all share one VAE trained first (stage 1 of ``perception.video.task`` on the same clips, into
-``<out>/vae``, passed as ``model.vae_path``), so the latents are identical.
-Each run is evaluated by ``embodied eval flexforcing`` on the same held-out clips (data.test_seed) with the same
-sampling noise. Runs already finished are not trained again (the trainer resumes / reports a finished run).
+Same data, budget and harness for every arm: Flex-Forcing's registered arms (``perception/video/register.py``:
+the method, bidirectional-only and autoregressive-only) are trained by the project's own command (the
+``core.experiments`` grid: ``embodied train flexforcing <arm> trainer.seed=<s>``) on the same rendered clips for
+the same number of steps and batch size, on every training seed; all share one VAE trained first (stage 1 of
+``perception.video.task`` on the same clips, into ``<out>/vae``, passed as ``model.vae_path``), so the latents
+are identical. Each run is evaluated by ``embodied eval flexforcing`` on the same held-out clips
+(data.test_seed) with the same sampling noise. Runs already finished (an ``eval.json``) are not run again.
 
 Writes ``<out>/comparison.json`` (rows: Flex-Forcing per regime, bidirectional-only, AR-only; seed means and
 per-seed values) and, with ``--ship DIR``, the comparison plus side-by-side videos of every arm on three held-out
@@ -18,20 +18,13 @@ clips into ``DIR`` (``assets/samples/flexforcing`` for the demo).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ARMS = {"flex": "flexforcing", "bidirectional_only": "flexforcing_bidirectional",
-        "autoregressive_only": "flexforcing_autoregressive"}
+from core import experiments as ex
+
+LABELS = {"bidirectional_only": "bidirectional-only", "autoregressive_only": "AR-only"}  # the baselines' rows
 METRICS = ("psnr", "ssim", "fd", "flicker", "fps", "first_frame_s")
-
-
-def _run(argv: list[str]) -> None:
-    print("+", " ".join(argv), flush=True)
-    subprocess.run(argv, check=True)
 
 
 def ensure_vae(out: Path, extra: list[str]) -> Path:
@@ -50,30 +43,23 @@ def ensure_vae(out: Path, extra: list[str]) -> Path:
     return vae
 
 
-def train_and_eval(out: Path, seeds: list[int], steps: int, extra: list[str]) -> dict[str, dict[int, Path]]:
-    exe = [sys.executable, "-m", "embodied.cli"]
-    runs: dict[str, dict[int, Path]] = {arm: {} for arm in ARMS}
-    vae = ensure_vae(out, extra)
-    for seed in seeds:
-        for arm, model in ARMS.items():
-            run = out / (f"flex_s{seed}" if arm == "flex" else f"{arm}_s{seed}")
-            args = [f"model={model}", f"out_dir={run}", f"trainer.max_steps={steps}", f"trainer.seed={seed}",
-                    "trainer.progress=false", f"model.vae_path={vae}", *extra]
-            if not (run / "eval.json").is_file():
-                _run([*exe, "train", "flexforcing", *args])
-                _run([*exe, "eval", "flexforcing", *args])
-            runs[arm][seed] = run
-    return runs
+def grid(out: Path, seeds: list[int], steps: int, extra: list[str], workers: int = 1) -> ex.Grid:
+    """The arm x seed grid on the shared VAE (``<out>/vae``, see ``ensure_vae``), run ``workers`` at a time."""
+    vae = out / "vae"
+    return ex.Grid("flexforcing", out, ex.method_arms("flexforcing"), seeds,
+                   [f"trainer.max_steps={steps}", "trainer.progress=false", f"model.vae_path={vae}", *extra],
+                   threads=None if workers == 1 else 1)
 
 
-def summarise(runs: dict[str, dict[int, Path]]) -> dict[str, Any]:
+def summarise(results: dict[str, dict[int, dict[str, Any]]], method_arm: str = "flexforcing") -> dict[str, Any]:
+    """Rows per (arm, regime): seed means of the metrics, drift and per-frame PSNR, and the per-seed values;
+    ``method_arm`` (Flex-Forcing itself) gets one row per regime."""
     rows: dict[str, Any] = {}
-    for arm, by_seed in runs.items():
-        evals = {s: json.loads((r / "eval.json").read_text()) for s, r in by_seed.items()}
+    first_arm = method_arm if method_arm in results else next(iter(results))
+    for arm, evals in results.items():
         regimes = next(iter(evals.values()))["regimes"]
         for regime in regimes:
-            name = f"Flex-Forcing ({regime})" if arm == "flex" else {"bidirectional_only": "bidirectional-only",
-                                                                     "autoregressive_only": "AR-only"}[arm]
+            name = f"Flex-Forcing ({regime})" if arm == first_arm else LABELS.get(arm, arm)
             per_seed = {s: e["regimes"][regime]["mean"] for s, e in evals.items()}
             vals = list(per_seed.values())
             row = {k: sum(v[k] for v in vals) / len(vals) for k in METRICS}
@@ -83,9 +69,9 @@ def summarise(runs: dict[str, dict[int, Path]]) -> dict[str, Any]:
                                                                            strict=True)]
             row["per_seed"] = {str(s): {k: v[k] for k in METRICS} | {"drift": v["drift"]} for s, v in per_seed.items()}
             rows[name] = row
-    first = json.loads(next(iter(next(iter(runs.values())).values())).joinpath("eval.json").read_text())
+    first = next(iter(results[first_arm].values()))
     return {"rows": rows, "context": first["context"], "train_frames": first["train_frames"],
-            "eval_frames": first["eval_frames"], "clips": first["clips"], "seeds": sorted(next(iter(runs.values())))}
+            "eval_frames": first["eval_frames"], "clips": first["clips"], "seeds": sorted(results[first_arm])}
 
 
 def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips: int = 3) -> list[str]:
@@ -115,7 +101,7 @@ def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips
             both = torch.cat([video, frames], dim=-1)  # (N, T, 3, H, 2W): truth | model
             grid = both.permute(1, 0, 3, 4, 2).reshape(both.shape[1], -1, both.shape[-1], 3).numpy()
             grid = np.repeat(np.repeat(grid, 3, axis=1), 3, axis=2)
-            name = f"{arm}_{regime}.mp4" if arm == "flex" else f"{arm}.mp4"
+            name = f"flex_{regime}.mp4" if arm == next(iter(runs)) else f"{arm}.mp4"
             write_mp4(ship / name, grid, fps=15)
             names.append(name)
     return names
@@ -156,15 +142,26 @@ def export_checkpoint(run: Path, dest: Path, summary: dict[str, Any], steps: int
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("outputs/flex_exp"))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ex.grid_arguments(p, out="outputs/flex_exp", workers=1)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--ship", type=Path, default=None, help="copy the comparison and videos here (for the demo)")
     p.add_argument("--export", type=Path, default=None, help="export the first seed's Flex-Forcing model here")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
-    runs = train_and_eval(args.out, args.seeds, args.steps, args.overrides)
-    summary = summarise(runs)
+    g = grid(args.out, args.seeds, args.steps, args.overrides, args.workers)
+    if not args.collect_only:
+        ensure_vae(args.out, args.overrides)
+        failures = g.run(args.workers)
+        if failures:
+            return ex.report(failures)
+    results = g.collect()
+    if not results:
+        print(f"{args.out}: no finished runs")
+        return 0
+    runs = {c.arm: {} for c in g.cells()}
+    for c in g.cells():
+        runs[c.arm][c.seed] = c.run_dir
+    summary = summarise(results, next(iter(g.arms)))
     summary["command"] = f"python -m perception.video.experiments --seeds {' '.join(map(str, args.seeds))} " \
                          f"--steps {args.steps}"
     from core.io import write_json
@@ -180,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             row.pop("per_seed", None)
         write_json(args.ship / "comparison.json", summary)
     if args.export:
-        export_checkpoint(runs["flex"][args.seeds[0]], args.export, summary, args.steps, args.seeds[0])
+        export_checkpoint(next(iter(runs.values()))[args.seeds[0]], args.export, summary, args.steps, args.seeds[0])
     for name, row in summary["rows"].items():
         print(f"{name:32s} PSNR {row['psnr']:.2f} SSIM {row['ssim']:.3f} FD {row['fd']:.1f} flicker "
               f"{row['flicker']:.4f} FD4x {row['drift'].get('4x', {}).get('fd', float('nan')):.1f} FD8x "

@@ -8,9 +8,10 @@ Run layout (``out_dir``)::
     scratch/, scratch_model/   the scratch arm (same inference architecture, random init)
     eval.json            rollout error, probe, planning, written by ``evaluate``
 
-Scaling sweep (``python -m worldmodels.lacwm.experiments scaling [overrides]``): for each number of
-pretraining embodiments, LAC-WM and EAC-WM are pretrained and adapted; scratch once; the held-out
-rollout error table goes to ``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
+Scaling sweep (``python -m worldmodels.lacwm.experiments scaling [--workers N] [overrides]``): for each number
+of pretraining embodiments, LAC-WM and its EAC-WM arm are pretrained and adapted (the ``core.experiments``
+grid, through the public CLI); scratch once; the held-out rollout error table goes to
+``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
 (``reeval.json``, with planning on the largest count).
 """
 
@@ -339,41 +340,54 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------------------------ scaling
-ARMS = ("lacwm", "eacwm", "scratch")
+ARMS = ("lacwm", "eacwm", "scratch")  # LAC-WM's registered arms, then the scratch arm (no CLI: in process)
 
 
-def scaling(overrides: list[str], counts: list[int], out_root: str, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+def scaling(overrides: list[str], counts: list[int], out_root: str, arms: tuple[str, ...] = ARMS,
+            workers: int = 1) -> dict[str, Any]:
     """The scaling experiment: LAC-WM vs EAC-WM vs scratch on the held-out embodiment for each count.
 
-    ``arms`` picks a subset, so that the arms can run as separate processes on one data root (record the
-    data first, e.g. with a one-step run, so that two processes do not record the same file); the table goes
-    to ``scaling.json`` (all arms) or ``scaling_<arms>.json``.
+    The LAC-WM / EAC-WM cells (``<out_root>/<arm>_n<count>``) are a ``core.experiments`` grid: each runs
+    ``embodied train lacwm <arm> data.num_pretrain_embodiments=<count>`` then ``embodied eval lacwm`` (no
+    planning) in its own process, ``workers`` at a time, the first alone (it records the data); a cell with an
+    ``eval.json`` is not rerun. The scratch arm trains in this process (``<out_root>/scratch``). ``arms`` picks a
+    subset; the table goes to ``scaling.json`` (all arms) or ``scaling_<arms>.json``.
     """
-    from core.config import compose
+    from core import experiments as ex
+    from core.io import read_json
 
-    table: dict[str, Any] = {"counts": counts, "rows": []}
     root = Path(out_root)
-    name = "scaling.json" if tuple(arms) == ARMS else f"scaling_{'_'.join(arms)}.json"
-    for method in [a for a in ("lacwm", "eacwm") if a in arms]:
-        for n in counts:
-            cfg = compose([f"experiment={method}", *overrides, f"data.num_pretrain_embodiments={n}",
-                           f"out_dir={root / f'{method}_n{n}'}"])
-            train(cfg)
-            ev = evaluate(cfg, planning=False)
-            table["rows"].append(_row(method, n, ev))
-            write_json(root / name, table)
-    if "scratch" not in arms:
-        return table
-    cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
-    model_cfg, data_cfg, trainer_cfg = configs(cfg)
-    files = data_files(data_cfg)
-    from worldmodels.lacwm.modeling_lacwm import build_model
+    seed = next((int(o.split("=", 1)[1]) for o in reversed(overrides) if o.startswith("trainer.seed=")), 0)
+    registered = ex.method_arms("lacwm")
+    grid = {f"{arm}_n{n}": (*registered[arm], f"data.num_pretrain_embodiments={n}")
+            for arm in ("lacwm", "eacwm") if arm in arms for n in counts}
+    cells = ex.Grid("lacwm", root, grid, [seed], overrides, eval_overrides=["data.plan_episodes=0"],
+                    name="{arm}").cells() if grid else []
+    scratch_dir = root / "scratch"
 
-    rc = to_container(cfg)
-    adapt(build_model(dataclasses.replace(model_cfg, action_dims={})), files, data_cfg.held_out, trainer_cfg,
-          Path(cfg.out_dir), rc, scratch=True)
-    table["rows"].append(_row("scratch", 0, evaluate(cfg, scratch=True, planning=False)))
-    write_json(root / name, table)
+    def scratch() -> bool:
+        if (scratch_dir / "eval_scratch.json").is_file():
+            return False
+        from core.config import compose
+        from worldmodels.lacwm.modeling_lacwm import build_model
+
+        cfg = compose(["experiment=lacwm", *registered["eacwm"], *overrides, "data.num_pretrain_embodiments=1",
+                       f"out_dir={scratch_dir}"])
+        model_cfg, data_cfg, trainer_cfg = configs(cfg)
+        adapt(build_model(dataclasses.replace(model_cfg, action_dims={})), data_files(data_cfg), data_cfg.held_out,
+              trainer_cfg, scratch_dir, to_container(cfg), scratch=True)
+        evaluate(cfg, scratch=True, planning=False)
+        return True
+
+    jobs = [(c.name, c.run) for c in cells] + ([("scratch", scratch)] if "scratch" in arms else [])
+    failures = ex.run_jobs(jobs, workers, first_alone=True, logs={c.name: c.log for c in cells})
+    rows = [_row(c.arm.rsplit("_n", 1)[0], int(c.arm.rsplit("_n", 1)[1]), read_json(c.result))
+            for c in cells if c.done()]
+    if (scratch_dir / "eval_scratch.json").is_file() and "scratch" in arms:
+        rows.append(_row("scratch", 0, read_json(scratch_dir / "eval_scratch.json")))
+    table = {"counts": counts, "rows": rows, "failed": [str(f) for f in failures]}
+    write_json(root / ("scaling.json" if tuple(arms) == ARMS else f"scaling_{'_'.join(arms)}.json"), table)
+    ex.report(failures)
     return table
 
 
@@ -404,19 +418,22 @@ def reevaluate(overrides: list[str], counts: list[int], out_root: str, plan: boo
     """Evaluate every finished run of a sweep again (current metrics; planning on the largest count and the
     scratch arm when ``plan``); writes ``<out_root>/reeval.json`` with the table rows and the full evaluations."""
     from core.config import compose
+    from core.experiments import method_arms
 
     root = Path(out_root)
     rows, full = [], {}
+    arms = method_arms("lacwm")
     for method in ("lacwm", "eacwm"):
         for n in counts:
             run = root / f"{method}_n{n}"
             if (run / "adapted").exists():
-                cfg = compose([f"experiment={method}", *overrides, f"data.num_pretrain_embodiments={n}",
+                cfg = compose(["experiment=lacwm", *arms[method], *overrides, f"data.num_pretrain_embodiments={n}",
                                f"out_dir={run}"])
                 full[run.name] = ev = evaluate(cfg, planning=plan and n == max(counts))
                 rows.append(_row(method, n, ev))
     if (root / "scratch" / "scratch_model").exists():
-        cfg = compose(["experiment=eacwm", *overrides, "data.num_pretrain_embodiments=1", f"out_dir={root / 'scratch'}"])
+        cfg = compose(["experiment=lacwm", *arms["eacwm"], *overrides, "data.num_pretrain_embodiments=1",
+                       f"out_dir={root / 'scratch'}"])
         full["scratch"] = ev = evaluate(cfg, scratch=True, planning=plan)
         rows.append(_row("scratch", 0, ev))
     table = {"rows": rows, "full": full}
@@ -496,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="table: sweep folders of other seeds (the same sweep, other trainer.seed) to average with --out")
     parser.add_argument("--arms", default=",".join(ARMS), help="scaling: comma-separated arms to run (of "
                         f"{','.join(ARMS)})")
+    parser.add_argument("--workers", type=int, default=1, help="scaling: runs at a time (one process, one thread each)")
     parser.add_argument("overrides", nargs="*")
     args, extra = parser.parse_known_args(argv)
     overrides = [*args.overrides, *extra]
@@ -514,9 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         bad = [a for a in arms if a not in ARMS]
         if bad or not arms:
             parser.error(f"--arms: unknown {bad}; choose from {','.join(ARMS)}")
-        table = scaling(overrides, args.counts, args.out, arms=arms)
+        table = scaling(overrides, args.counts, args.out, arms=arms, workers=args.workers)
     print(json.dumps(table["rows"], indent=1))
-    return 0
+    return 1 if table.get("failed") else 0
 
 
 if __name__ == "__main__":

@@ -443,3 +443,33 @@ def test_markdown_tables_have_every_run_and_the_planning_arms():
     horizon = {line.split(" |")[0] for line in md if line.endswith("| 20.00 | 18.00 |")}  # PSNR vs horizon rows
     assert horizon == {"| lacwm_n2 model", "| lacwm_n2 shuffled", "| lacwm_n2 copy_last", "| scratch model"}
     assert "| lacwm_n2 | 4 | 0.50 | 0.25 | -1.00 | -2.00 |" in md
+
+
+def test_scaling_sweep_runs_each_arm_and_count_through_the_cli_grid(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from core import experiments as ex
+    from core.io import write_json
+    from worldmodels.lacwm.experiments import scaling
+
+    calls = []
+
+    def fake_cli(args, log, threads=1):  # eval writes what `embodied eval lacwm` writes (no probe, no planning)
+        calls.append(args)
+        over = dict(a.split("=", 1) for a in args[2:] if "=" in a)
+        if args[0] == "eval":
+            psnr = [20.0 + int(over["data.num_pretrain_embodiments"]), 18.0]
+            roll = {arm: {"psnr": psnr, "ssim": [0.8, 0.7]} for arm in ("model", "shuffled", "copy_last")}
+            write_json(Path(over["out_dir"]) / "eval.json", {"rollout": roll})
+
+    monkeypatch.setattr(ex, "run_cli", fake_cli)
+    table = scaling(["trainer.seed=2"], [1, 2], str(tmp_path), arms=("lacwm", "eacwm"), workers=2)
+    assert sorted((r["method"], r["pretrain_embodiments"], r["psnr@1"]) for r in table["rows"]) == [
+        ("eacwm", 1, 21.0), ("eacwm", 2, 22.0), ("lacwm", 1, 21.0), ("lacwm", 2, 22.0)]
+    assert not table["failed"] and (tmp_path / "scaling_lacwm_eacwm.json").is_file()
+    evals = [c for c in calls if c[0] == "eval"]
+    assert all(c[1] == "lacwm" and "data.plan_episodes=0" in c and "trainer.seed=2" in c for c in evals)
+    assert sum("model=eacwm" in c for c in calls) == 4  # train + eval of both eacwm counts
+    n = len(calls)
+    scaling(["trainer.seed=2"], [1, 2], str(tmp_path), arms=("lacwm", "eacwm"))
+    assert len(calls) == n  # finished cells are not rerun
