@@ -77,8 +77,10 @@ class SchedulerConfig:
 
 @dataclass
 class TrainerConfig:
-    """The shared trainer (core/trainer.py). Batch sizes are per process; the global batch is
-    ``batch_size * grad_accum * world_size``."""
+    """The shared trainer (core/trainer.py).
+
+    Batch sizes are per process; the global batch is ``batch_size * grad_accum * world_size``.
+    """
 
     max_steps: int = 1000
     batch_size: int = 8
@@ -248,10 +250,14 @@ class EvalConfig:
 
 @dataclass
 class RunConfig:
-    """Root of every composed config. ``model`` / ``data`` / ``env`` are filled by their groups, each
-    with its own structured schema (registered by the method that owns it)."""
+    """Root of every composed config.
+
+    ``model`` / ``data`` / ``env`` are filled by their groups, each with its own structured schema (registered
+    by the method that owns it).
+    """
 
     method: str | None = None
+    arm: str | None = None  # the experiment arm chosen by name (`--arm`; MethodSpec.arms), recorded with the run
     out_dir: str = "outputs/run"
     model: Any = None
     data: Any = None
@@ -471,8 +477,11 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
 
 
 def from_dict_strict(cls: type, values: dict[str, Any], what: str) -> Any:
-    """``cls(**values)`` for a dataclass, where an unknown key is a one-line ``ConfigError`` naming it (and the
-    closest field) instead of a ``TypeError``; ``what`` names the config in the message."""
+    """``cls(**values)`` for a dataclass, where an unknown key is a one-line ``ConfigError``.
+
+    The error names the key (and the closest field) instead of a ``TypeError``; ``what`` names the config in
+    the message.
+    """
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in values if k not in known]
     if unknown:

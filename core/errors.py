@@ -34,9 +34,5 @@ class CheckpointError(EmbodiedError):
     """A checkpoint is missing, incomplete, or does not match the model it is loaded into."""
 
 
-class NotBuiltError(EmbodiedError):
-    """A CLI command whose method has not been built yet."""
-
-
 class SimulationError(EmbodiedError):
     """A simulator failed or diverged (NaN state, unstable contact) in a way an episode cannot absorb."""

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from core.checkpoint import build_policy, takes_checkpoint_first
-from core.errors import ConfigError, EmbodiedError, NotBuiltError
+from core.errors import ConfigError, EmbodiedError
 from core.io import write_json, write_text
 
 BUILTIN_POLICIES = ("idm", "constant", "random")
@@ -164,7 +164,6 @@ def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None
 
     Raises:
         ConfigError: An unknown name (the message lists the known ones).
-        NotBuiltError: A planned method (e.g. ``automot``) that has not registered its policy yet.
     """
     kwargs = dict(policy_args or {})
     if callable(policy):
@@ -183,11 +182,6 @@ def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None
     if named is not None:
         raise ConfigError(f"--policy {policy!r} is built from a checkpoint (factory(checkpoint, env)): pass "
                           "the checkpoint folder as --policy")
-    from embodied.methods import PLANNED
-
-    if policy in PLANNED:
-        raise NotBuiltError(f"policy {policy!r} ({PLANNED[policy][1]}, {PLANNED[policy][0]}/) is not built yet: "
-                            "its method has registered no policy")
     raise ConfigError(f"--policy {policy!r}: unknown policy (known: {', '.join(_known_policies())}, "
                       "or a checkpoint path)")
 

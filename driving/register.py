@@ -1,6 +1,6 @@
 """Registers the closed-loop driving evaluator's demo section (named in pyproject's ``embodied.methods``).
 
-AutoMoT, when it lands, registers itself here with ``register_method``.
+The evaluator is not a method: AutoMoT registers itself from ``driving/automot/register.py``.
 """
 
 from core.registry import DEMOS

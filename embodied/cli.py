@@ -3,7 +3,6 @@
 Every sub-command explains itself with ``--help``, shows a progress bar for long work, writes results
 atomically, and answers bad input with one line on stderr and a non-zero exit:
     2  bad input (missing / corrupt file, unknown config key, bad argument)
-    3  the command's method is not built yet
     130 interrupted
 
 Heavy modules are imported inside the command functions, so ``embodied --help`` is instant.
@@ -16,14 +15,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.errors import EmbodiedError, NotBuiltError
+from core.errors import EmbodiedError
 
 EXIT_BAD_INPUT = 2
-EXIT_NOT_BUILT = 3
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="run every part that exists, tiny, on embedded defaults; writes index.html",
+    p = sub.add_parser("demo", help="run every part, tiny, on embedded defaults; writes index.html",
                        description="The main job: each built part of the workspace runs tiny on embedded "
                                    "defaults and the results land in OUT/index.html (a page to open).")
     p.add_argument("--out", default="outputs/demo", help="output directory (default: %(default)s)")
@@ -42,36 +40,30 @@ def _cmd_demo(args) -> int:
 
 
 def _add_infer(sub) -> None:
-    """One sub-command per registered ``InferSpec`` (and a one-line "not built" for the planned ones)."""
+    """One sub-command per registered ``InferSpec``."""
     from core.registry import INFER
-    from embodied.methods import PLANNED_INFER
 
     p = sub.add_parser("infer", help="image / video inference with a method's model",
                        description="Inference with a trained or shipped checkpoint.")
     kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
-    specs = {kind: (INFER.meta(kind)["spec"].help, INFER.meta(kind)["spec"].arguments) for kind in INFER.names()}
-    for kind, (_method, helptext, arguments) in PLANNED_INFER.items():
-        specs.setdefault(kind, (helptext, arguments))
-    for kind in sorted(specs):
-        helptext, arguments = specs[kind]
+    for kind in INFER.names():
+        helptext, arguments = INFER.meta(kind)["spec"].help, INFER.meta(kind)["spec"].arguments
         k = kinds.add_parser(kind, help=helptext, description=helptext)
         k.add_argument("--checkpoint", default=None, help="checkpoint or exported model folder "
                                                           "(default: the one shipped in assets/)")
         for name, kw in arguments:
             k.add_argument(name, **kw)
         if any(name == "--out" for name, _ in arguments):
-            k.add_argument("--overwrite", action="store_true", help="replace an existing --out folder (on success)")
-        rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")), None)
+            k.add_argument("--overwrite", action="store_true",
+                           help="replace an existing --out folder (on success)")
+        rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")),
+                    None)
         k.set_defaults(func=_cmd_infer, rest_dest=rest)
 
 
 def _cmd_infer(args) -> int:
     from core.registry import INFER
-    from embodied.methods import PLANNED, PLANNED_INFER
 
-    if args.kind not in INFER:
-        method = PLANNED_INFER[args.kind][0]
-        raise NotBuiltError(f"`embodied infer {args.kind}` needs {method} ({PLANNED[method][0]}), which is not built yet")
     fn = INFER.get(args.kind)
     if getattr(args, "out", None) is None or str(args.out).endswith(".mp4"):
         return fn(args)
@@ -91,13 +83,8 @@ def _add_sim(sub) -> None:
     p = sub.add_parser("sim", help="simulators: list environments, roll out policies, make datasets",
                        description="Simulator environments (manipulation suite, LIBERO, driving), rollouts "
                                    "that record HDF5 + mp4, and dataset renderers for perception.")
-    try:
-        from sim.cli import configure_parser
-    except ModuleNotFoundError as e:
-        if e.name != "sim.cli":
-            raise
-        p.set_defaults(func=lambda a: _not_built("the simulator CLI (sim/cli.py)"))
-        return
+    from sim.cli import configure_parser
+
     configure_parser(p)
 
 
@@ -116,13 +103,15 @@ def _add_drive(sub) -> None:
     e.add_argument("--policy", required=True,
                    help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT")
     e.add_argument("--scenario", default="highway",
-                   help="highway | merge | roundabout | intersection | racetrack | all (default: %(default)s)")
-    e.add_argument("--episodes", type=_positive_int, default=5, help="episodes per scenario (default: %(default)s)")
+                   help="highway | merge | roundabout | intersection | racetrack | all "
+                        "(default: %(default)s)")
+    e.add_argument("--episodes", type=_positive_int, default=5,
+                   help="episodes per scenario (default: %(default)s)")
     e.add_argument("--seed", type=int, default=0, help="episode j uses seed + j (default: %(default)s)")
     e.add_argument("--out", required=True, help="output folder (refused if it holds another run)")
     e.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", dest="policy_arg",
-                   help="keyword argument of the policy factory (repeatable; int / float / true|false / str), "
-                        "e.g. --policy-arg update_interval=2 --policy-arg refiner=true")
+                   help="keyword argument of the policy factory (repeatable; int / float / true|false / "
+                        "str), e.g. --policy-arg update_interval=2 --policy-arg refiner=true")
     e.add_argument("--videos", type=_non_negative_int, default=2, metavar="K",
                    help="record videos of the first K episodes of each scenario (default: %(default)s)")
     e.add_argument("--no-video", action="store_true", help="record no video (same as --videos 0)")
@@ -133,31 +122,37 @@ def _add_drive(sub) -> None:
 
 
 def _cmd_drive_eval(args) -> int:
-    try:
-        from driving.evaluate import drive_eval
-    except ModuleNotFoundError as e:
-        if e.name not in ("driving.evaluate",):
-            raise
-        return _not_built("the closed-loop driving evaluator (driving/evaluate.py)")
+    from driving.evaluate import drive_eval
+
     return drive_eval(args)
 
 
 def _add_train_eval(sub) -> None:
     from core.registry import method_specs
+    from embodied.methods import arm_names
 
     flags = {f.name: f for spec in method_specs() for f in spec.flags}
-    for verb, helptext in (("train", "train a method with the shared trainer"), ("eval", "evaluate a method")):
+    arms = "; ".join(f"{s.name}: {', '.join(arm_names(s))}" for s in method_specs())
+    verbs = (("train", "train a method with the shared trainer"), ("eval", "evaluate a method"))
+    for verb, helptext in verbs:
         p = sub.add_parser(verb, help=helptext,
                            description=f"{helptext.capitalize()}. METHOD's experiment config "
-                                       "(configs/experiment/METHOD.yaml) is composed with the Hydra overrides "
-                                       "that follow, e.g. `debug=tiny trainer.max_steps=10`. Flags may stand "
-                                       "anywhere among the overrides.")
+                                       "(configs/experiment/METHOD.yaml) is composed with the Hydra "
+                                       "overrides that follow, e.g. `debug=tiny trainer.max_steps=10`. "
+                                       "Flags may stand anywhere among the overrides.",
+                           epilog=f"Arms (--arm NAME), by method: {arms}.")
         p.add_argument("method", metavar="METHOD")
         p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value, group=option)")
+        p.add_argument("--arm", default=None, metavar="NAME",
+                       help="run one arm of METHOD's experiments (a baseline or an ablation); the arms come "
+                            "from the method (register_method(arms=...); `embodied methods` lists them), the "
+                            "first is the method itself. The arm's overrides go before yours; its name is "
+                            "recorded as the config's `arm`")
         p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
         if verb == "train":
             p.add_argument("--overwrite", action="store_true",
-                           help="start over in out_dir even if it holds another run (the same config resumes)")
+                           help="start over in out_dir even if it holds another run (the same config "
+                                "resumes)")
         for flag in flags.values():
             if verb in flag.verbs:
                 owners = [s.name for s in method_specs() if flag in s.flags]
@@ -174,16 +169,20 @@ def _method_config(args):
     from core.config import compose
     from core.errors import ConfigError
     from core.registry import METHODS, load_plugins, method_specs
-    from embodied.methods import PLANNED
 
     load_plugins()
     if args.method not in METHODS:
-        if args.method in PLANNED:
-            raise NotBuiltError(f"method {args.method!r} ({PLANNED[args.method][0]}) is not built yet")
-        known = ", ".join(METHODS.names()) or "none yet"
-        raise ConfigError(f"unknown method {args.method!r} (built: {known})")
+        owners = [s.name for s in method_specs() if args.method in dict(s.arms)]
+        if owners:  # e.g. eacwm, once a method of its own
+            which = owners[0] if len(owners) == 1 else "METHOD"
+            raise ConfigError(f"{args.method!r} is an arm of {', '.join(repr(o) for o in owners)}, not a "
+                              f"method: `embodied {args.command} {which} --arm {args.method}`")
+        known = ", ".join(METHODS.names()) or "none"
+        raise ConfigError(f"unknown method {args.method!r} (registered: {known})")
     spec = METHODS.meta(args.method)["spec"]
     overrides = list(args.overrides)
+    if any(o.lstrip("+~").partition("=")[0] == "arm" for o in overrides):
+        raise ConfigError("choose an arm with --arm NAME (it applies the arm's overrides), not with arm=")
     for name, value in vars(args).items():
         if not name.startswith("flag_") or value is None:
             continue
@@ -193,8 +192,20 @@ def _method_config(args):
             raise ConfigError(f"--{name[5:].replace('_', '-')}: method {args.method!r} has no such option "
                               f"({', '.join(owners)} {'has' if len(owners) == 1 else 'have'})")
         overrides.append(f"{flag.override}={value}")
-    cfg = compose([f"experiment={args.method}", *overrides])
+    cfg = compose([f"experiment={args.method}", *arm_overrides(spec, args.arm), *overrides])
     return METHODS.get(args.method), cfg
+
+
+def arm_overrides(spec, arm: str | None) -> list[str]:
+    """The overrides that ``--arm ARM`` puts before the user's: the arm's own, then ``arm=ARM`` (recorded).
+
+    No ``--arm``: none. A method that declares no arms has one, named after it. An unknown name is a one-line
+    ``ConfigError`` that lists the method's arms.
+    """
+    if arm is None:
+        return []
+    own = () if not spec.arms and arm == spec.name else spec.arm_overrides(arm)
+    return [*own, f"arm={arm}"]
 
 
 def _cmd_task(args) -> int:
@@ -211,7 +222,7 @@ def _cmd_task(args) -> int:
     if args.command == "eval":
         from core.outputs import lock_folder
 
-        with lock_folder(cfg.out_dir):  # not while the folder is being trained or evaluated by another process
+        with lock_folder(cfg.out_dir):  # not while another process trains or evaluates in the folder
             print(f"evaluated {args.method}: {module.evaluate(cfg)}")
         return 0
     import contextlib
@@ -219,14 +230,17 @@ def _cmd_task(args) -> int:
 
     from core.outputs import claim_output
 
-    # Under torchrun the folder is claimed (locked, marked) by rank 0 only; the trainer writes from rank 0 only.
-    claim = claim_output(cfg.out_dir, command=f"train {args.method}", staged=False, signature=run_signature(cfg),
-                         overwrite=args.overwrite) if int(os.environ.get("RANK", "0")) == 0 \
-        else contextlib.nullcontext(Path(cfg.out_dir))
+    # Under torchrun rank 0 alone claims the folder (locks, marks it); the trainer writes from rank 0 only
+    if int(os.environ.get("RANK", "0")) == 0:
+        claim = claim_output(cfg.out_dir, command=f"train {args.method}", staged=False,
+                             signature=run_signature(cfg), overwrite=args.overwrite)
+    else:
+        claim = contextlib.nullcontext(Path(cfg.out_dir))
     with claim as out:
         done = _finished_checkpoint(out, cfg.trainer.max_steps)
         if done is not None:
-            print(f"train {args.method}: already finished ({done.name}, trainer.max_steps={cfg.trainer.max_steps}); "
+            print(f"train {args.method}: already finished ({done.name}, "
+                  f"trainer.max_steps={cfg.trainer.max_steps}); "
                   f"checkpoint: {done}. Raise trainer.max_steps to continue, or --overwrite to start over.")
             return 0
         result = module.train(cfg)
@@ -235,12 +249,16 @@ def _cmd_task(args) -> int:
 
 
 # Keys that may change between the runs of one training folder without making it another run.
-_VOLATILE = {"out_dir": None, "eval": None, "trainer": ("max_steps", "progress", "tensorboard", "log_every",
-                                                          "ckpt_every", "keep_last", "resume", "num_workers")}
+_VOLATILE = {"out_dir": None, "arm": None, "eval": None,
+             "trainer": ("max_steps", "progress", "tensorboard", "log_every", "ckpt_every", "keep_last",
+                         "resume", "num_workers")}
 
 
 def run_signature(cfg) -> dict:
-    """What makes a training folder "the same run": the resolved config without output / schedule-length keys."""
+    """What makes a training folder "the same run": the resolved config without output / schedule keys.
+
+    The recorded ``arm`` name is left out too: ``--arm lora`` and the overrides it stands for are one run.
+    """
     from core.config import to_container
 
     sig = to_container(cfg)
@@ -254,7 +272,7 @@ def run_signature(cfg) -> dict:
 
 
 def _finished_checkpoint(out, max_steps: int):
-    """The run's newest checkpoint when it already reached ``max_steps`` (single-stage trainers), else None."""
+    """The run's newest checkpoint when it already reached ``max_steps`` (single-stage trainers), or None."""
     from core.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(Path(out) / "checkpoints")
@@ -264,7 +282,10 @@ def _finished_checkpoint(out, max_steps: int):
 
 
 def _add_methods(sub) -> None:
-    p = sub.add_parser("methods", help="list the workspace's methods and whether each is built")
+    p = sub.add_parser("methods", help="list the registered methods, their folders and their arms",
+                       description="Every method that registered itself (entry points `embodied.methods`): "
+                                   "name, folder, description, and the arms that `embodied train|eval "
+                                   "METHOD --arm NAME` accepts (the first is the method itself).")
     p.set_defaults(func=_cmd_methods)
 
 
@@ -272,14 +293,11 @@ def _cmd_methods(args) -> int:
     from embodied.methods import status
 
     rows = status()
-    w = max(len(r["name"]) for r in rows)
+    w = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
-        print(f"{r['name']:<{w}}  {r['built']:<3}  {r['folder']:<22}  {r['description']}")
+        print(f"{r['name']:<{w}}  {r['folder']:<22}  {r['description']}")
+        print(f"{'':<{w}}  arms: {r['arms']}")
     return 0
-
-
-def _not_built(what: str) -> int:
-    raise NotBuiltError(f"{what} is not built yet")
 
 
 def _int_at_least(minimum: int):
@@ -316,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="embodied",
         description="Embodied-AI workspace: simulators, training, closed-loop evaluation and inference.",
-        epilog="Exit codes: 0 ok, 2 bad input, 3 method not built yet. `embodied COMMAND --help` for more.",
+        epilog="Exit codes: 0 ok, 2 bad input, 130 interrupted. `embodied COMMAND --help` for more.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
@@ -349,9 +367,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code = args.func(args)
-    except NotBuiltError as e:
-        print(f"embodied: {e}", file=sys.stderr)
-        return EXIT_NOT_BUILT
     except EmbodiedError as e:
         print(f"embodied: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -16,13 +16,12 @@ def methods_section(ctx: DemoContext) -> DemoSection:
     from embodied import methods
 
     rows = methods.status()
-    built = [r["name"] for r in rows if r["built"] == "yes"]
     return DemoSection(
         title="Methods",
-        lead="The workspace's methods and whether each is built. `embodied train|eval METHOD` and the "
-             "`embodied infer` commands of a method that is not built yet answer so in one line (exit 3).",
-        body=table(rows, ["name", "built", "folder", "description"]),
-        figures={"built": built},
+        lead="The methods that registered themselves, and the arms of each one's experiments: "
+             "`embodied train|eval METHOD --arm NAME` runs one (the first is the method itself).",
+        body=table(rows, ["name", "folder", "description", "arms"]),
+        figures={"methods": [r["name"] for r in rows]},
     )
 
 

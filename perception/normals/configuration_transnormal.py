@@ -6,7 +6,7 @@ SD VAE (factor 8, 4 latent channels, scaling 0.18215), DINOv3 ViT-L/16 context p
 shrinks every size so the model trains on CPU in minutes.
 
 ``TransNormalDataConfig`` is the data node of ``embodied train transnormal``: an embodied-dense folder
-(``sim.render.normals`` renders it on first use from ``render``) or a ClearGrasp folder.
+(``sim.render.normals`` renders it on first use from the ``render_*`` keys) or a ClearGrasp folder.
 """
 
 from __future__ import annotations
@@ -149,43 +149,38 @@ class TransNormalConfig:
         return math.lcm(self.vae_factor * 2 ** (len(self.block_out_channels) - 1), 16)
 
 
-@dataclass
-class RenderConfig:
-    """How ``embodied train transnormal`` renders the synthetic set when ``data.root`` is missing
-    (``sim.render.normals.make_dataset``; deterministic from ``seed``). ``n`` of 0 never renders. ``source``:
-    "real" = real HDR environment light and photo textures (held-out ones in the test split), "procedural" =
-    the procedural backdrops and sky of the first release."""
-
-    n: int = 320
-    seed: int = 0
-    size: int = 64
-    spp: int = 32
-    test_fraction: float = 0.2
-    source: str = "real"
-    workers: int = 1
-    framing: str = "workspace"  # "closeup" (source real): 2-4 vessels close to the camera, glass fills the frame
-
-    def __post_init__(self):
-        if self.source not in ("real", "procedural"):
-            raise ConfigError(f"data.render.source must be one of real, procedural; got {self.source!r}")
-        if self.framing not in ("workspace", "closeup") or (self.framing == "closeup" and self.source != "real"):
-            raise ConfigError(f"data.render.framing must be workspace or closeup (closeup needs source real); "
-                              f"got {self.framing!r}")
-        if self.workers < 1:
-            raise ConfigError(f"data.render.workers must be >= 1, got {self.workers}")
-
-
 @schema("data", "transnormal_data_schema")
 @dataclass
 class TransNormalDataConfig(DenseImageDataConfig):
-    """An embodied-dense normals folder (rendered on first use) or a ClearGrasp folder (``layout``)."""
+    """An embodied-dense normals folder (rendered on first use) or a ClearGrasp folder (``layout``).
 
-    render: RenderConfig = field(default_factory=RenderConfig)
+    The ``render_*`` keys (flat, as every method's render keys) say how ``embodied train transnormal``
+    renders the synthetic set when ``root`` is missing (``sim.render.normals.make_dataset``; deterministic
+    from ``render_seed``); ``render_n`` of 0 never renders. ``render_source``: "real" = real HDR environment
+    light and photo textures (held-out ones in the test split), "procedural" = the procedural backdrops and
+    sky of the first release. ``render_framing`` "closeup" (source real): 2-4 vessels close to the camera,
+    glass fills the frame. ``test_fraction``: the rendered views held out as the test split.
+    """
+
+    render_n: int = 320
+    render_seed: int = 0
+    render_size: int = 64  # px, the rendered views' side (``image_size`` is what the loader resizes to)
+    render_spp: int = 32
+    render_source: str = "real"
+    render_framing: str = "workspace"
+    render_workers: int = 1
+    test_fraction: float = 0.2
     flip_p: float = 0.5  # horizontal-flip augmentation (negates the normals' x)
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.render, dict):
-            self.render = RenderConfig(**self.render)
+        if self.render_source not in ("real", "procedural"):
+            raise ConfigError(f"data.render_source must be one of real, procedural; got {self.render_source!r}")
+        if self.render_framing not in ("workspace", "closeup") or (
+                self.render_framing == "closeup" and self.render_source != "real"):
+            raise ConfigError(f"data.render_framing must be workspace or closeup (closeup needs render_source "
+                              f"real); got {self.render_framing!r}")
+        if self.render_workers < 1:
+            raise ConfigError(f"data.render_workers must be >= 1, got {self.render_workers}")
         if not 0.0 <= self.flip_p <= 1.0:
             raise ConfigError(f"data.flip_p must be in [0, 1], got {self.flip_p}")

@@ -2,6 +2,17 @@
 
 from core.registry import InferSpec, register_method
 
+_EFFNET = ["model.context_encoder=efficientnet_lite0", "model.dino_image_size=128"]  # the experiment's
+_ABLATIONS = {
+    "dino": ["model.context_encoder=dinov3", "model.dino_image_size=null"],
+    "none": ["model.use_dino=false"],
+    "diffusion": ["model.mode=diffusion", *_EFFNET],
+    "effnet_nocons": [*_EFFNET, "model.w_cons=0"],
+    "effnet_nowav": [*_EFFNET, "model.w_wav=0"],
+    "dino_nocons": ["model.context_encoder=dinov3", "model.dino_image_size=null", "model.w_cons=0"],
+    "none_nocons": ["model.use_dino=false", "model.w_cons=0"],
+}
+
 register_method(
     "transnormal",
     folder="perception/normals",
@@ -9,7 +20,13 @@ register_method(
     task="perception.normals.task",
     config="perception.normals.configuration_transnormal",
     model="perception.normals.modeling_transnormal:TransNormalModel",
+    example="perception.normals.modeling_transnormal:example",
     demo="perception.normals.demo:demo_section",
+    # the context-encoder study (python -m perception.normals.experiments glass): the method as
+    # configs/experiment/transnormal.yaml sets it (frozen ImageNet EfficientNet-Lite0 context), then the
+    # random-init DINOv3, no context (a learned null token), the multi-step diffusion baseline, the loss
+    # ablations; each into its own out_dir
+    arms={"transnormal": [], **{k: [*v, f"out_dir=outputs/transnormal_{k}"] for k, v in _ABLATIONS.items()}},
     infer=[InferSpec(
         "normals", "perception.normals.cli:infer",
         "surface normals (PNG + .npy) for images or folders (TransNormal)",

@@ -34,13 +34,20 @@ EVAL_KEYS = ("rgb", "normals", "mask")
 
 
 def render_settings(checkpoint: str | Path) -> dict:
-    """How a checkpoint's training views were rendered (its run config's ``data.render``): ``source``
-    ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``."""
+    """How a checkpoint's training views were rendered (its run config's ``data.render_*``): ``source``
+    ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``.
+
+    Run folders written before the render keys were flat hold them nested (``data.render.source``); those
+    are read too.
+    """
     from core.io import read_json
 
     cfg = Path(checkpoint) / "config.json"
-    render = (read_json(cfg).get("data", {}) if cfg.is_file() else {}).get("render") or {}
-    return {"source": str(render.get("source", "procedural")), "framing": str(render.get("framing", "workspace")),
+    data = (read_json(cfg).get("data") or {}) if cfg.is_file() else {}
+    render = {**(data.get("render") or {}), **{k[len("render_"):]: v for k, v in data.items()
+                                               if k.startswith("render_")}}
+    return {"source": str(render.get("source", "procedural")),
+            "framing": str(render.get("framing", "workspace")),
             "size": int(render.get("size", 64)), "spp": int(render.get("spp", 32))}
 
 
@@ -55,23 +62,22 @@ def ensure_data(data) -> Path:
     if (root / "meta.json").is_file() or data.layout == "cleargrasp":
         if not root.exists():
             raise DataError(root, "no such folder")
-        render = getattr(data, "render", None)
-        if data.layout != "cleargrasp" and render is not None and render.n > 0:
+        if data.layout != "cleargrasp" and getattr(data, "render_n", 0) > 0:  # data=normals: no render keys
             from sim.render.dataset_io import check_source
 
-            check_source(root, render.source, "data.render.source")
-            check_source(root, render.framing, "data.render.framing", field="framing", default="workspace")
+            check_source(root, data.render_source, "data.render_source")
+            check_source(root, data.render_framing, "data.render_framing", field="framing",
+                         default="workspace")
         return root
-    render = getattr(data, "render", None)
-    if render is None or render.n < 1:
-        raise DataError(root / "meta.json", "no such file (set data.render.n to render the synthetic set)")
+    if getattr(data, "render_n", 0) < 1:
+        raise DataError(root / "meta.json", "no such file (set data.render_n to render the synthetic set)")
     from sim.render.normals import make_dataset
 
-    log.info("rendering %d %s views (seed %d, %d px, %d spp) into %s", render.n, render.source, render.seed,
-             render.size, render.spp, root)
-    make_dataset(root, n=render.n, seed=render.seed, size=render.size, spp=render.spp,
-                 test_fraction=render.test_fraction, source=render.source, workers=render.workers,
-                 framing=render.framing)
+    log.info("rendering %d %s views (seed %d, %d px, %d spp) into %s", data.render_n, data.render_source,
+             data.render_seed, data.render_size, data.render_spp, root)
+    make_dataset(root, n=data.render_n, seed=data.render_seed, size=data.render_size, spp=data.render_spp,
+                 test_fraction=data.test_fraction, source=data.render_source, workers=data.render_workers,
+                 framing=data.render_framing)
     return root
 
 

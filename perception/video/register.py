@@ -5,11 +5,22 @@ from core.registry import InferSpec, register_method
 register_method(
     "flexforcing",
     folder="perception/video",
-    description="one video diffusion transformer for bidirectional, autoregressive and flexible chunked generation",
+    description="one video diffusion transformer for bidirectional, autoregressive and flexible chunked "
+                "generation",
     task="perception.video.task",
     config="perception.video.configuration_flexforcing",
     model="perception.video.modeling_flexforcing:FlexForcingModel",
+    example="perception.video.modeling_flexforcing:example",
     demo="perception.video.demo:demo_section",
+    # the rigid-schedule baselines, same sizes (= model=flexforcing_bidirectional / _autoregressive; set
+    # as fields, so that they also apply to model=flexforcing_tiny)
+    arms={
+        "flexforcing": [],
+        "bidirectional_only": ["model.chunking=one", "model.noise=per_clip", "model.k_projection=false",
+                               "out_dir=outputs/flex_bidir"],
+        "autoregressive_only": ["model.chunking=singletons", "model.noise=per_chunk",
+                                "model.k_projection=false", "out_dir=outputs/flex_ar"],
+    },
     infer=[InferSpec(
         "video", "perception.video.cli:infer",
         "generate a video (Flex-Forcing): continue a first frame / the shipped model's sample scene",
@@ -17,7 +28,8 @@ register_method(
          ("--mode", dict(choices=["bidirectional", "autoregressive", "flex"], default="flex",
                          help="sampling regime (default flex)")),
          ("--frames", dict(type=int, default=32, help="frames in the output video, first frame included")),
-         ("--first-frame", dict(default=None, metavar="IMAGE", help="condition on this image (resized)")),
+         ("--first-frame", dict(default=None, metavar="IMAGE",
+                                help="condition on this image (resized)")),
          ("--seed", dict(type=int, default=0, help="noise seed")),
          ("--steps", dict(type=int, default=None, help="Euler steps per frame (default: the model's)"))),
     )],

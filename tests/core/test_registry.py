@@ -86,7 +86,9 @@ def test_methods_register_themselves_through_entry_points():
 
     names = load_plugins()
     assert {"bc", "sola", "transnormal", "lacwm"} <= set(names)
-    assert {"bc", "sola", "transnormal", "lacwm", "eacwm"} <= set(METHODS.names())
+    assert {"bc", "sola", "transnormal", "lacwm"} <= set(METHODS.names())
+    assert "eacwm" not in METHODS and "eacwm" in dict(METHODS.meta("lacwm")["spec"].arms)  # an arm of lacwm
+    assert {"eacwm", "lacwm"} <= set(MODELS.names())  # its checkpoints (method: eacwm) still load
     assert {"normals", "depth360"} <= set(INFER.names())
     assert MODELS.get("sola").__name__ == "SoLAModel"
     assert all(s.config for s in method_specs()), "every method declares its config module"

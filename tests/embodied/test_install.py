@@ -55,7 +55,7 @@ def test_non_editable_install_runs_from_another_directory(tmp_path):
     assert all(str(site) in w for w in where), where
     embodied = str(venv / "bin" / "embodied")
     out = _run([embodied, "methods"], elsewhere).stdout
-    assert "sola" in out and "yes" in out
+    assert "sola" in out and "arms: sola, lpe" in out
     sample = sorted((Path(where[1]).parent / "assets" / "samples" / "normals").glob("*.png"))[0]
     _run([embodied, "infer", "normals", str(sample), "--out", "normals"], elsewhere)
     assert list((elsewhere / "normals").glob("*_normals.png"))

@@ -68,7 +68,9 @@ def test_a_method_from_another_distribution_plugs_in(tmp_path):
         (tmp_path / name).write_text(textwrap.dedent(text))
     out = _run(["methods"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert any(line.split()[:2] == ["toy", "yes"] for line in out.stdout.splitlines()), out.stdout
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["toy", "toymethod"])
+    assert lines[at + 1].split() == ["arms:", "toy"], out.stdout  # no arms declared: the method itself
     out = _run(["infer", "echo", "a", "--shout", "b"], tmp_path)  # its flag, anywhere among its arguments
     assert out.returncode == 0 and out.stdout.strip() == "toy: A B", out.stdout + out.stderr
     code = textwrap.dedent(f"""

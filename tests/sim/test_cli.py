@@ -96,4 +96,4 @@ def test_a_dataset_rendered_from_another_source_is_refused(tmp_path):
     write_json(tmp_path / "real" / "meta.json", {"format": "embodied-dense/1"})
     check_source(tmp_path / "real", "mujoco", "data.render_source")  # real data: not ours to judge
     with pytest.raises(DataError, match="framing"):
-        check_source(root, "closeup", "data.render.framing", field="framing", default="workspace")
+        check_source(root, "closeup", "data.render_framing", field="framing", default="workspace")

@@ -1,4 +1,4 @@
-"""Registers the behaviour-cloning reference method (named in pyproject's ``embodied.methods`` entry points)."""
+"""Registers the behaviour-cloning reference method (named in pyproject's ``embodied.methods``)."""
 
 from core.registry import register_method
 
@@ -9,6 +9,8 @@ register_method(
     task="worldmodels.bc.task",
     config="worldmodels.bc.configuration_bc",
     model="worldmodels.bc.modeling_bc:BCPolicyModel",
+    example="worldmodels.bc.modeling_bc:example",
     policy="worldmodels.bc.task:load_policy",
     demo="worldmodels.bc.demo:demo_section",
+    arms={"bc": []},
 )

@@ -1,18 +1,24 @@
-"""Registers LAC-WM and its explicit-action baseline EAC-WM (named in pyproject's ``embodied.methods``)."""
+"""Registers LAC-WM (named in pyproject's ``embodied.methods`` entry points); EAC-WM is its baseline arm.
 
-from core.registry import register_method
+``embodied train lacwm --arm eacwm`` trains EAC-WM (one explicit-action encoder per embodiment) on the same
+data, steps and harness. The ``eacwm`` model class and policy stay registered under that name so that
+checkpoints whose ``config.json`` names ``method: eacwm`` (the shipped ``assets/checkpoints/eacwm``) load with
+``load_pretrained`` and ``--policy``.
+"""
 
-for _name, _description in (
-    ("lacwm", "latent-action-conditioned cross-embodiment world model"),
-    ("eacwm", "explicit-action-conditioned world model (LAC-WM's baseline)"),
-):
-    register_method(
-        _name,
-        folder="worldmodels/lacwm",
-        description=_description,
-        task="worldmodels.lacwm.task",
-        config="worldmodels.lacwm.configuration_lacwm",
-        model="worldmodels.lacwm.modeling_lacwm:WorldModel",
-        policy="worldmodels.lacwm.task:load_policy",
-        demo="worldmodels.lacwm.demo:demo_section" if _name == "lacwm" else None,
-    )
+from core.registry import MODELS, POLICIES, register_method
+
+register_method(
+    "lacwm",
+    folder="worldmodels/lacwm",
+    description="latent-action-conditioned cross-embodiment world model, against the explicit-action EAC-WM",
+    task="worldmodels.lacwm.task",
+    config="worldmodels.lacwm.configuration_lacwm",
+    model="worldmodels.lacwm.modeling_lacwm:WorldModel",
+    example="worldmodels.lacwm.modeling_lacwm:example",
+    policy="worldmodels.lacwm.task:load_policy",
+    demo="worldmodels.lacwm.demo:demo_section",
+    arms={"lacwm": [], "eacwm": ["model=eacwm", "out_dir=outputs/eacwm/run"]},
+)
+MODELS.register("eacwm", "worldmodels.lacwm.modeling_lacwm:WorldModel", overwrite=True)
+POLICIES.register("eacwm", "worldmodels.lacwm.task:load_policy", overwrite=True)

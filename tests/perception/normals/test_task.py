@@ -89,9 +89,30 @@ def test_evaluate_on_a_cleargrasp_folder(trained, rendered, tmp_path):
 
 
 def test_missing_data_without_render_settings_is_one_clear_error(tmp_path):
-    cfg = compose(["experiment=transnormal", f"data.root={tmp_path / 'none'}", "data.render.n=0"])
-    with pytest.raises(DataError, match="meta.json"):
+    cfg = compose(["experiment=transnormal", f"data.root={tmp_path / 'none'}", "data.render_n=0"])
+    with pytest.raises(DataError, match="meta.json.*data.render_n"):
         task.ensure_data(cfg.data)
+
+
+def test_render_keys_are_flat_and_old_run_configs_still_read(tmp_path):
+    """`data.render_*` as every method spells them; a run folder written with the nested `data.render` block
+    (before the keys were flat) still says how its views were rendered."""
+    from core.config import to_object
+    from core.io import write_json
+    from perception.normals.cli import DEFAULT_CHECKPOINT
+
+    data = to_object(compose(["experiment=transnormal"]).data)
+    assert (data.render_n, data.render_size, data.render_source, data.render_framing) == (480, 96, "real", "closeup")
+    with pytest.raises(ConfigError, match="data.render_framing"):
+        compose(["experiment=transnormal", "data.render_source=procedural"])  # closeup needs real light
+    with pytest.raises(ConfigError, match="render"):
+        compose(["experiment=transnormal", "data.render.n=8"])  # the nested spelling is gone
+    shipped = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())["data"]
+    assert "render" not in shipped and shipped["render_n"] == 480
+    assert task.render_settings(DEFAULT_CHECKPOINT) == {"source": "real", "framing": "closeup", "size": 96, "spp": 32}
+    write_json(tmp_path / "old" / "config.json", {"data": {"render": {"n": 320, "size": 64, "spp": 16}}})
+    assert task.render_settings(tmp_path / "old") == {"source": "procedural", "framing": "workspace", "size": 64,
+                                                      "spp": 16}
 
 
 def test_infer_cli_writes_png_npy_and_an_oriented_point_cloud(trained, rendered, tmp_path):
