@@ -58,6 +58,7 @@ def atomic_dir(path: str | os.PathLike, tmp: str | os.PathLike | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     if tmp is None:
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700; the folder it becomes gets the usual mode
     else:
         staging = Path(tmp)
         shutil.rmtree(staging, ignore_errors=True)

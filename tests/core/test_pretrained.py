@@ -262,3 +262,16 @@ def test_adapter_loading_is_strict_on_the_trained_tensors(adapter, tmp_path):
     save_weights({**sd, "extra.weight": torch.zeros(1)}, out / "model.safetensors")
     with pytest.raises(CheckpointError, match="1 unexpected: extra.weight"):
         _Adapter.from_pretrained(out)
+
+
+def test_exported_folder_has_the_usual_permissions(tmp_path):
+    """atomic_dir stages in a mkdtemp folder (mode 0700); the exported folder gets the umask's mode instead."""
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        out = ToyRegressor().save_pretrained(tmp_path / "export")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
