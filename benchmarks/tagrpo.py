@@ -75,7 +75,7 @@ def runner(arm: str, images: int, device: str, out: Path):
     algo = {"dancegrpo": AlgoConfig(name=arm, loss="grpo", noise="independent", bank_size=0),
             "tagrpo": AlgoConfig(name=arm),
             "tagrpo_reuse": AlgoConfig(name=arm, fresh_per_group=G // 2)}[arm]
-    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).to(device)
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).to(device)
     pool = scripted(images, policy.frames, policy.backbone.config.frame_size)
     tcfg = TrainerConfig(seed=0, device=device, tensorboard=False, grad_clip=1.0)
     tcfg.optim.lr = 1e-5

@@ -1,5 +1,6 @@
 """``embodied infer i2v IMAGE --out FILE.mp4``: continue an image with the post-trained image-to-video policy
-(``--checkpoint``: a run's ``<out_dir>/policy``; default the shipped ``assets/checkpoints/tagrpo``).
+(``--checkpoint``: a run folder, its ``<out_dir>/policy`` or a training checkpoint; default the shipped
+``assets/checkpoints/tagrpo``; loaded read-only by ``I2VPolicy.from_pretrained``).
 
 The image is centre-cropped and resized to the policy's frame size (``core.data.imread.read_square``); the video
 (the given frame, then ``frames - 1`` generated ones) is sampled with the deterministic ODE (or the SDE with
@@ -24,8 +25,8 @@ def infer(args) -> int:
     from core.data.imread import read_square
     from core.data.video import write_mp4
     from core.resources import asset
-    from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
     from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.task import policy_folder
 
     out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
     if args.eta <= 0:
@@ -35,8 +36,8 @@ def infer(args) -> int:
         raise DataError(image, "no such file")
     policy_dir = Path(args.checkpoint) if getattr(args, "checkpoint", None) else asset("checkpoints", "tagrpo")
     if not policy_dir.is_dir():
-        raise DataError(policy_dir, "no such policy folder (--checkpoint: a run's <out_dir>/policy)")
-    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(policy_dir))).eval()
+        raise DataError(policy_dir, "no such policy folder (--checkpoint: a run or its <out_dir>/policy)")
+    policy = I2VPolicy.from_pretrained(policy_folder(policy_dir)).eval()
     size = policy.backbone.config.frame_size
     first = read_square(image, size)  # before any output exists: a bad image leaves nothing behind
     img = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None]

@@ -20,14 +20,13 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from core.data.video import VideoClipDataset, write_mp4
     from core.pretrained import read_card
     from perception.i2v_rl.cli import FPS
-    from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
     from perception.i2v_rl.policy import I2VPolicy
     from perception.i2v_rl.rewards import CompositeReward, RewardInputs
     from sim.render.videos import make_dataset
 
     card = read_card(POLICY)
-    tuned = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(POLICY))).eval()
-    base = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).eval()
+    tuned = I2VPolicy.from_pretrained(POLICY)
+    base = I2VPolicy(tuned.config).eval()  # the same policy around its base (the shipped Flex-Forcing model)
     size, frames = tuned.backbone.config.frame_size, tuned.frames
     root = ctx.path("tagrpo", "clips")
     make_dataset(root, n=6, seed=ctx.seed + 7171, size=size, spp=4, test_fraction=0.0, frames=frames)
@@ -83,7 +82,8 @@ def _recorded(ctx: DemoContext) -> str:
     data = read_json(summary)
     pm = lambda s: f"{s['mean']:+.3f} ± {s['sd']:.3f}"  # noqa: E731
     rows = [{"arm": r["arm"], "seeds": r["seeds"], "rollouts": int(r["rollouts"]), "base": f"{r['base']:.3f}",
-             "final": f"{r['final']['mean']:.3f}", "gain": pm(r["gain"]), "mean gain over the curve": pm(r["mean_gain"]),
+             "final": f"{r['final']['mean']:.3f}", "gain": pm(r["gain"]),
+             "mean gain over the curve": pm(r["mean_gain"]),
              "drops": f"{r['drops']['mean']:.1f}"} for r in data["rows"]]
     p = ctx.path("img", "tagrpo_curves.png")
     plot(data["rows"], p)

@@ -4,9 +4,12 @@ that records every step's Gaussian transition (for GRPO) and a deterministic ODE
 Backbone: a Flex-Forcing checkpoint (``perception/video``), loaded through the model registry
 (``core.pretrained.load_pretrained``) — TAGRPO is the one method that post-trains another method's model, and it
 does so through the registry and the model's public interface (``dit``, ``encode``, ``decode``, ``config``)
-rather than by importing the other method's code. The conditioning frame enters as one clean latent frame
-(``t = 0``) that is its own, earlier chunk; the ``N`` new frames are the next chunk (one chunk: they are denoised
-together, bidirectionally), exactly the layout the backbone was trained on with its clean-context prefixes.
+rather than by importing the other method's code. The policy is itself a ``core.pretrained.PreTrainedModel``
+(method ``tagrpo``) that references its backbone folder (``base_path``) and stores only the post-trained DiT.
+
+The conditioning frame enters as one clean latent frame (``t = 0``) that is its own, earlier chunk; the ``N`` new
+frames are the next chunk (one chunk: they are denoised together, bidirectionally), exactly the layout the
+backbone was trained on with its clean-context prefixes.
 
 Rollouts (``rollout``) run ``core.diffusion.sde_step`` along the grid ``1 = t_0 > t_1 > ... > t_S = 0``; a
 ``Trajectory`` keeps every intermediate latent ``x_i`` (``x_0`` is the initial noise), the transition means
@@ -18,11 +21,19 @@ range after one update).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from core.diffusion import euler_step, sde_step, timestep_grid
+from core.errors import CheckpointError, ConfigError
+from core.pretrained import PreTrainedModel, load_pretrained
+from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
+
+if TYPE_CHECKING:
+    from core.testing import ModelExample
 
 __all__ = ["I2VPolicy", "Trajectory", "gaussian_logprob"]
 
@@ -59,38 +70,81 @@ class Trajectory:
         return self.latents[:, -1]
 
 
-class I2VPolicy(nn.Module):
+class I2VPolicy(PreTrainedModel):
     """Image-to-video flow policy around a pretrained video model (see the module docstring).
 
+    TAGRPO's trained artefact: a ``PreTrainedModel`` of method ``tagrpo`` whose config (``TAGRPOModelConfig``)
+    names the backbone folder in ``base_path`` (``base_fields``). The backbone is loaded read-only through the
+    registry (``core.pretrained.load_pretrained``): a Flex-Forcing folder, or another TAGRPO policy folder (whose
+    post-trained backbone is then post-trained further). Post-training changes the whole DiT, so the policy's
+    folder stores the DiT's weights (``trained_state_dict``); the frozen VAE and the latent statistics come from
+    the base. Loading requires exactly those tensors.
+
     Args:
-        backbone: A Flex-Forcing model (``dit``, ``encode``, ``decode``, ``config``); its VAE is frozen here.
-        frames: Video length with the conditioning frame (default the backbone's ``num_frames``).
-        steps / shift: Sampling grid (``core.diffusion.timestep_grid``).
+        config: ``base_path`` (the backbone), ``frames`` (video length with the conditioning frame; default the
+            backbone's ``num_frames``), ``sample_steps`` / ``sample_shift`` (the grid of
+            ``core.diffusion.timestep_grid``).
     """
 
-    def __init__(self, backbone: nn.Module, frames: int | None = None, steps: int = 8, shift: float = 1.0):
+    config_class = TAGRPOModelConfig
+    method = "tagrpo"
+    base_fields = ("base_path",)
+
+    def __init__(self, config: TAGRPOModelConfig):
         super().__init__()
+        self.config = config
+        backbone = load_pretrained(config.base_path)
+        if isinstance(backbone, I2VPolicy):  # continue post-training a policy: its backbone is the base
+            backbone = backbone.backbone
+        missing = [a for a in ("dit", "vae", "encode", "decode") if not hasattr(backbone, a)]
+        if missing:
+            raise CheckpointError(f"model.base_path={config.base_path}: a {type(backbone).__name__} has no "
+                                  f"{', '.join(missing)}; the base must be a video model (a Flex-Forcing checkpoint)")
         self.backbone = backbone
-        self.frames = int(frames or backbone.config.num_frames)
+        self.frames = int(config.frames or backbone.config.num_frames)
         if self.frames < 2:
-            raise ValueError(f"frames must be >= 2, got {self.frames}")
-        self.steps, self.shift = steps, shift
-        self.register_buffer("grid", timestep_grid(steps, shift), persistent=False)
+            raise ConfigError(f"model.frames must be >= 2, got {self.frames}")
+        self.steps, self.shift = config.sample_steps, config.sample_shift
+        self.register_buffer("grid", timestep_grid(self.steps, self.shift), persistent=False)
         backbone.vae.requires_grad_(False)
 
-    @classmethod
-    def from_config(cls, cfg, weights: str | None = None) -> I2VPolicy:
-        """Load ``cfg.base_path`` (a ``TAGRPOModelConfig``) through the model registry; optionally replace its
-        weights by a post-trained ``model.safetensors`` (a checkpoint folder or a saved policy)."""
-        from core.pretrained import load_pretrained
+    def trained_state_dict(self) -> dict[str, Tensor]:
+        """The post-trained tensors, the DiT's (``backbone.dit.*``); the VAE and latent statistics are the base's."""
+        return {k: v for k, v in self.state_dict().items() if k.startswith("backbone.dit.")}
 
-        backbone = load_pretrained(cfg.base_path)
-        if weights is not None:
-            from core.checkpoint import load_into, load_weights, resolve_checkpoint
+    def forward(self, first: Tensor, x: Tensor, t: Tensor | float) -> Tensor:
+        """The velocity of the new frames (``velocity``)."""
+        return self.velocity(first, x, t)
 
-            path = resolve_checkpoint(weights) / "model.safetensors"
-            load_into(backbone, load_weights(path), source=str(path))
-        return cls(backbone, cfg.frames, cfg.sample_steps, cfg.sample_shift)
+    def save_shipped(self, directory: str | Path, base_ref: str, card: dict[str, Any] | None = None,
+                     run_config: dict[str, Any] | None = None, body: str = "") -> Path:
+        """``save_pretrained`` with the base referenced by ``base_ref``, a path relative to ``directory``.
+
+        For a shipped asset beside its base (``assets/checkpoints/tagrpo`` -> ``../flexforcing``): the folder
+        stays self-contained within the assets tree without a second copy of the base (``copy_base=True`` would
+        copy it into ``<directory>/base``). ``base_ref`` must lead from ``directory`` to ``config.base_path``;
+        the folder is written atomically.
+        """
+        import os
+
+        from core.io import atomic_dir, read_json, write_json, write_text
+        from core.pretrained import CARD_FILE, card_body, front_matter, read_card
+
+        directory = Path(directory)
+        if Path(base_ref).is_absolute() or (directory / base_ref).resolve() != Path(self.config.base_path).resolve():
+            raise ConfigError(f"base_ref={base_ref!r}: does not lead from {directory} to the base folder "
+                              f"{self.config.base_path} (a path relative to the exported folder)")
+        with atomic_dir(directory) as tmp:
+            staged = self.save_pretrained(tmp / "staged", card=card, run_config=run_config, body=body)
+            config = read_json(staged / "config.json")
+            config["model"]["base_path"] = base_ref
+            write_json(staged / "config.json", config)
+            meta = {**read_card(staged), "base": {"base_path": base_ref}}
+            write_text(staged / CARD_FILE, front_matter(meta) + "\n" + card_body(staged))
+            for f in staged.iterdir():
+                os.replace(f, tmp / f.name)
+            staged.rmdir()
+        return directory
 
     # -- shapes -------------------------------------------------------------------------------------------
     @property
@@ -169,3 +223,64 @@ class I2VPolicy(nn.Module):
         for i in range(self.steps):
             x = euler_step(x, self.velocity(first, x, self.grid[i]), self.grid[i], self.grid[i + 1])
         return x
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny policy around a tiny Flex-Forcing base.
+
+    The base is Flex-Forcing's tiny config (``configs/model/flexforcing_tiny.yaml``) built through the registry,
+    its zero-initialised weights perturbed, saved once into ``workdir``. The forward is the velocity on a fixed
+    noisy latent and a 4-step ODE sample from it.
+    """
+    from omegaconf import OmegaConf
+
+    from core.registry import MODELS, load_plugins
+    from core.resources import resource_dir
+    from core.testing import ModelExample
+
+    base = (Path(workdir) / "flexforcing_tiny").resolve()
+    if not (base / "config.json").is_file():
+        load_plugins()
+        cls = MODELS.get("flexforcing")
+        sizes = OmegaConf.to_container(OmegaConf.load(resource_dir("configs") / "model" / "flexforcing_tiny.yaml"))
+        sizes.pop("defaults", None)
+        torch.manual_seed(0)
+        backbone = cls(cls.config_from_dict(sizes))
+        g = torch.Generator().manual_seed(7)  # zero-initialised weights get values: the velocity depends on x
+        with torch.no_grad():
+            for p in backbone.dit.parameters():
+                if p.abs().sum() == 0:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        backbone.save_pretrained(base, card={"data": "random (the contract test's tiny base)"})
+    config = TAGRPOModelConfig(base_path=str(base), sample_steps=4)
+
+    def build() -> I2VPolicy:
+        return I2VPolicy(config)
+
+    def inputs() -> dict[str, Tensor]:
+        g = torch.Generator().manual_seed(0)
+        return {"first": torch.randn(2, 1, 4, 8, 8, generator=g), "x": torch.randn(2, 5, 4, 8, 8, generator=g),
+                "t": torch.tensor([0.9, 0.35])}
+
+    def run(model: I2VPolicy, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"velocity": model(**batch), "sample": model.sample(batch["first"], batch["x"])}
+
+    return ModelExample(build=build, inputs=inputs, run=run)
+
+
+def ship_policy(src: str | Path, dest: str | Path, base_ref: str = "../flexforcing") -> Path:
+    """Copy an exported policy folder ``src`` (a run's ``<out_dir>/policy``) to the shipped asset ``dest``.
+
+    The copy references its base by ``base_ref``, relative to ``dest`` (default the sibling shipped Flex-Forcing
+    folder), instead of the run's absolute path, so the assets tree stays relocatable; the model card and run
+    config are kept. The base of ``src`` must be the folder ``base_ref`` leads to (``I2VPolicy.save_shipped``).
+    """
+    from core.io import read_json
+    from core.pretrained import card_body, read_card
+
+    src = Path(src)
+    policy = I2VPolicy.from_pretrained(src)
+    card = {k: v for k, v in read_card(src).items()
+            if k not in ("method", "model_class", "parameters", "weights", "base")}
+    run_config = {k: v for k, v in read_json(src / "config.json").items() if k not in ("method", "model")}
+    return policy.save_shipped(dest, base_ref, card=card, run_config=run_config, body=card_body(src))

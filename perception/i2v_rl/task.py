@@ -15,8 +15,9 @@ train: conditioning images (windows of the simulator clips: first frame + the ph
    against iteration and rollouts spent.
 
 Checkpoints (``checkpoints/step_N``: weights, optimizer, RNG, bank, curve) every ``trainer.ckpt_every``
-iterations; a killed run resumes from the newest. The final policy is exported to ``<out_dir>/policy`` (a model
-folder of the backbone's class, loadable by ``core.pretrained.load_pretrained``).
+iterations; a killed run resumes from the newest. The final policy is exported to ``<out_dir>/policy``: an
+``I2VPolicy`` folder (method ``tagrpo``, loadable by ``core.pretrained.load_pretrained``) holding the post-trained
+DiT and referencing the base video model by its absolute path.
 
 evaluate: the held-out images on ``data.eval_seed`` + ``range(eval_noises)`` noises, base model vs post-trained
 policy: the trained reward and every simulator-grounded reward (``DIAGNOSTICS``), and two references (the first
@@ -265,7 +266,7 @@ class GRPORunner:
 
         name = f"step_{self.iteration:08d}"
         d = self.out_dir / "checkpoints"
-        path = ckpt.save_checkpoint(d / name, self.policy.backbone, self.run_config, self.state())
+        path = ckpt.save_checkpoint(d / name, self.policy, self.run_config, self.state())
         ckpt.mark_latest(d, name)
         ckpt.prune_checkpoints(d, self.cfg.keep_last)
         return path
@@ -276,7 +277,7 @@ class GRPORunner:
         latest = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
         if latest is None:
             return False
-        st = ckpt.load_checkpoint(latest, self.policy.backbone)["training_state"]
+        st = ckpt.load_checkpoint(latest, self.policy)["training_state"]
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.generator.set_state(st["generator"])
@@ -322,13 +323,28 @@ def _configs(cfg) -> tuple[AlgoConfig, TAGRPOModelConfig, TAGRPODataConfig, Trai
     return to_object(cfg.algo), to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
 
 
+def policy_folder(path: str | Path) -> Path:
+    """A run's exported ``<path>/policy`` when there is one, else ``path`` itself.
+
+    ``path`` itself may be a policy folder, a training checkpoint, or a run whose newest checkpoint
+    ``I2VPolicy.from_pretrained`` finds.
+    """
+    path = Path(path)
+    return path / POLICY_DIR if (path / POLICY_DIR / "config.json").is_file() else path
+
+
 def build_policy(model_cfg: TAGRPOModelConfig, data: TAGRPODataConfig, device, weights: str | None = None):
+    """The policy around ``model_cfg.base_path`` (the base model), or the post-trained one saved at ``weights``.
+
+    ``weights`` goes through ``policy_folder``; the policy's frames must be ``data.size`` px.
+    """
     from perception.i2v_rl.policy import I2VPolicy
 
-    policy = I2VPolicy.from_config(model_cfg, weights).to(device)
+    source = model_cfg.base_path if weights is None else policy_folder(weights)
+    policy = (I2VPolicy(model_cfg) if weights is None else I2VPolicy.from_pretrained(source)).to(device)
     size = policy.backbone.config.frame_size
     if size != data.size:
-        raise DataError(model_cfg.base_path, f"frames are {size} px, data.size is {data.size}")
+        raise DataError(source, f"frames are {size} px, data.size is {data.size}")
     return policy
 
 
@@ -351,11 +367,10 @@ def train(cfg) -> dict[str, Any]:
                         run_config, data.images_per_iteration, data.eval_every, data.eval_seed)
     result = runner.fit(tcfg.max_steps)
     first, last = result["curve"][0], result["curve"][-1]
-    policy.backbone.save_pretrained(
+    policy.save_pretrained(
         out_dir / POLICY_DIR, run_config={k: v for k, v in run_config.items() if k not in ("model",)},
         card={"post_training": f"{algo.name} (perception/i2v_rl), {result['iteration']} iterations, "
                                f"{result['rollouts']} rollouts",
-              "base": model_cfg.base_path,
               "command": f"embodied train tagrpo algo={algo.name} trainer.seed={tcfg.seed} "
                          f"trainer.max_steps={tcfg.max_steps}",
               "training_domain": "first frames of simulator motion clips (sim.render.videos), "
@@ -402,6 +417,9 @@ def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
                            "images": len(heldout), "noises": eval_noises}
     for name, weights in (("base", None), ("tuned", tuned_path)):
         policy = base if weights is None else build_policy(model_cfg, data, device, weights)
+        if policy.frames != base.frames:
+            raise ConfigError(f"{tuned_path}: the policy generates {policy.frames} frames, model.frames gives "
+                              f"{base.frames} (evaluate both on the same clips: set model.frames)")
         runs = [heldout_reward(policy, reward, heldout, data.eval_seed + s, diagnostics=diagnostics)
                 for s in range(eval_noises)]
         vals = [r["reward"] for r in runs]

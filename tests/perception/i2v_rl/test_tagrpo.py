@@ -4,7 +4,7 @@ moving towards the high-reward trajectory, the memory bank, resume, the configs 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,8 +44,16 @@ def tiny_backbone(seed: int = 0) -> FlexForcingModel:
     return model.eval()
 
 
-def tiny_policy(seed: int = 0, steps: int = 4) -> I2VPolicy:
-    return I2VPolicy(tiny_backbone(seed), steps=steps)
+def tiny_base(folder, seed: int = 0):
+    """``tiny_backbone(seed)`` saved as a Flex-Forcing folder (once) under ``folder``: a policy's base."""
+    base = folder / f"flex_base_{seed}"
+    if not base.is_dir():
+        tiny_backbone(seed).save_pretrained(base)
+    return base
+
+
+def tiny_policy(folder, seed: int = 0, steps: int = 4) -> I2VPolicy:
+    return I2VPolicy(TAGRPOModelConfig(base_path=str(tiny_base(folder, seed)), sample_steps=steps))
 
 
 def scripted_set(n: int = 4, frames: int = 5, size: int = 16, seed: int = 0) -> ConditioningSet:
@@ -62,8 +70,8 @@ def scripted_set(n: int = 4, frames: int = 5, size: int = 16, seed: int = 0) -> 
 
 
 # -- the SDE sampler ----------------------------------------------------------------------------------------
-def test_rollout_log_probs_match_a_direct_gaussian_computation():
-    policy = tiny_policy()
+def test_rollout_log_probs_match_a_direct_gaussian_computation(tmp_path):
+    policy = tiny_policy(tmp_path)
     pool = scripted_set(2)
     first = policy.encode_first(pool.images)
     traj = policy.rollout(first, policy.initial_noise(2, torch.Generator().manual_seed(0)), eta=0.7,
@@ -79,8 +87,8 @@ def test_rollout_log_probs_match_a_direct_gaussian_computation():
     assert torch.equal(mean, traj.means[:, 2]) and torch.equal(std, traj.stds[2])
 
 
-def test_ode_sampler_is_deterministic_and_differs_from_sde_draws():
-    policy = tiny_policy()
+def test_ode_sampler_is_deterministic_and_differs_from_sde_draws(tmp_path):
+    policy = tiny_policy(tmp_path)
     first = policy.encode_first(scripted_set(2).images)
     noise = policy.initial_noise(2, torch.Generator().manual_seed(3))
     a, b = policy.sample(first, noise), policy.sample(first, noise)
@@ -89,8 +97,8 @@ def test_ode_sampler_is_deterministic_and_differs_from_sde_draws():
     assert not torch.allclose(a, sde)
 
 
-def test_decoded_video_keeps_the_given_first_frame_exactly():
-    policy = tiny_policy()
+def test_decoded_video_keeps_the_given_first_frame_exactly(tmp_path):
+    policy = tiny_policy(tmp_path)
     pool = scripted_set(2)
     lat = policy.sample(policy.encode_first(pool.images), policy.initial_noise(2))
     video = policy.decode_video(pool.images, lat)
@@ -183,7 +191,7 @@ def _runner(tmp_path, algo: AlgoConfig, seed: int = 0, **trainer_kw) -> GRPORunn
     tcfg.optim.lr = 3e-3
     tcfg.optim.weight_decay = 0.0
     tcfg.scheduler.name = "constant"
-    return GRPORunner(tiny_policy(), algo, tcfg, CompositeReward({"psnr": 1.0}), scripted_set(4),
+    return GRPORunner(tiny_policy(tmp_path), algo, tcfg, CompositeReward({"psnr": 1.0}), scripted_set(4),
                       scripted_set(2, seed=9), tmp_path, images_per_iteration=2, eval_every=2)
 
 
@@ -206,7 +214,7 @@ def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp
     from perception.i2v_rl.rewards import RewardInputs
     from sim.render.videos import make_dataset
 
-    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).eval()
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).eval()
     make_dataset(tmp_path, n=6, seed=11, size=32, spp=1, test_fraction=0.0, frames=policy.frames)
     from core.data.video import VideoClipDataset
 
@@ -229,8 +237,8 @@ def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp
     assert spreads["same"] < 0.8 * spreads["independent"], spreads
 
 
-def test_one_update_moves_predicted_latents_towards_the_high_reward_trajectory():
-    policy = tiny_policy(2)
+def test_one_update_moves_predicted_latents_towards_the_high_reward_trajectory(tmp_path):
+    policy = tiny_policy(tmp_path, 2)
     pool = scripted_set(1)
     imgs = pool.images.expand(6, -1, -1, -1)
     first = policy.encode_first(imgs)
@@ -300,9 +308,18 @@ def test_algo_configs_compose_and_validate():
 
 
 def _saved_policy(tmp_path):
-    d = tmp_path / "policy"
-    tiny_backbone().save_pretrained(d)
-    return d
+    """A post-trained tiny policy (its DiT moved off the base's) exported to ``tmp_path / "policy"``."""
+    policy = tiny_policy(tmp_path)
+    with torch.no_grad():
+        for p in policy.trainable().parameters():
+            p.add_(0.01)
+    return policy.save_pretrained(tmp_path / "policy", card={"data": "test"})
+
+
+def _digest(folder):
+    import hashlib
+
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())).hexdigest()
 
 
 def _args(**kw):
@@ -336,13 +353,79 @@ def test_infer_i2v_writes_the_video_and_refuses_bad_input_without_a_file(tmp_pat
         infer(_args(image=str(img), out=str(tmp_path / "v.gif"), checkpoint=str(policy_dir)))
 
 
-def test_policy_loads_post_trained_weights_through_the_registry(tmp_path):
+def test_policy_folder_stores_the_dit_and_references_its_base_read_only(tmp_path):
+    from core.checkpoint import load_weights, save_weights
+    from core.errors import CheckpointError
+    from core.pretrained import load_pretrained, read_config
+
+    base = tiny_base(tmp_path)
+    before = _digest(base)
     policy_dir = _saved_policy(tmp_path)
-    policy = I2VPolicy.from_config(TAGRPOModelConfig(base_path=str(policy_dir)))
+    stored = load_weights(policy_dir / "model.safetensors")
+    assert stored and all(k.startswith("backbone.dit.") for k in stored)  # the VAE comes from the base
+    assert read_config(policy_dir)["method"] == "tagrpo"
+    assert read_config(policy_dir)["model"]["base_path"] == str(base.resolve())
+    policy = load_pretrained(policy_dir)
+    assert isinstance(policy, I2VPolicy) and policy.frames == 5
     ref = tiny_backbone()
-    for p, q in zip(policy.backbone.state_dict().values(), ref.state_dict().values(), strict=True):
-        assert torch.equal(p, q)
-    assert dataclasses.asdict(policy.backbone.config) == dataclasses.asdict(ref.config)
+    for k, v in policy.backbone.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]) == (not k.startswith("dit.")), k  # only the DiT moved
+    assert _digest(base) == before  # the base was only read
+    # strict: a file missing one DiT tensor does not load
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((policy_dir / "config.json").read_text())
+    save_weights(dict(list(stored.items())[1:]), broken / "model.safetensors")
+    with pytest.raises(CheckpointError, match="missing"):
+        I2VPolicy.from_pretrained(broken)
+    # a whole Flex-Forcing folder is a base, not a policy
+    with pytest.raises(CheckpointError, match="flexforcing"):
+        I2VPolicy.from_pretrained(base)
+    # a policy folder may itself be the base of further post-training: its backbone is used
+    again = I2VPolicy(TAGRPOModelConfig(base_path=str(policy_dir)))
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), policy.state_dict().values(),
+                                                 strict=True))
+
+
+def test_ship_policy_references_the_sibling_base_relatively(tmp_path):
+    import shutil
+
+    from core.pretrained import read_card, read_config
+    from perception.i2v_rl.policy import ship_policy
+
+    assets = tmp_path / "assets"
+    base = tiny_backbone().save_pretrained(assets / "flex")
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base)))
+    with torch.no_grad():
+        policy.trainable().patch_embed.bias.add_(0.1)
+    run_policy = policy.save_pretrained(tmp_path / "run" / "policy", card={"post_training": "tagrpo, test"})
+    with pytest.raises(ConfigError, match="base_ref"):
+        ship_policy(run_policy, assets / "tagrpo", base_ref="../elsewhere")
+    shipped = ship_policy(run_policy, assets / "tagrpo", base_ref="../flex")
+    assert read_config(shipped)["model"]["base_path"] == "../flex"
+    assert read_card(shipped)["post_training"] == "tagrpo, test" and read_card(shipped)["method"] == "tagrpo"
+    shutil.move(str(assets), tmp_path / "moved")  # the assets tree is relocatable
+    loaded = I2VPolicy.from_pretrained(tmp_path / "moved" / "tagrpo")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), policy.state_dict().values(),
+                                                 strict=True))
+
+
+def test_shipped_policy_is_a_tagrpo_folder_beside_its_base():
+    from core.checkpoint import load_weights
+    from core.pretrained import load_pretrained, read_card, read_config
+    from core.resources import asset
+
+    folder = asset("checkpoints", "tagrpo")
+    config = read_config(folder)
+    assert config["method"] == "tagrpo" and config["model"]["base_path"] == "../flexforcing"
+    assert read_card(folder)["post_training"].startswith("tagrpo")
+    assert all(k.startswith("backbone.dit.") for k in load_weights(folder / "model.safetensors"))
+    policy = load_pretrained(folder)
+    base = load_pretrained(asset("checkpoints", "flexforcing"))
+    assert isinstance(policy, I2VPolicy) and policy.frames == 8 and policy.steps == 8
+    sd, base_sd = policy.backbone.state_dict(), base.state_dict()
+    assert all(torch.equal(sd[k], base_sd[k]) for k in sd if not k.startswith("dit."))
+    assert not all(torch.equal(sd[k], base_sd[k]) for k in sd if k.startswith("dit."))
 
 
 def test_train_and_evaluate_end_to_end(tmp_path):
@@ -351,7 +434,8 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     from core.pretrained import load_pretrained
     from perception.i2v_rl import task
 
-    base = _saved_policy(tmp_path)
+    base = tiny_base(tmp_path)
+    before = _digest(base)
     over = ["experiment=tagrpo", "debug=tiny", "algo=tagrpo_reuse", "algo.group_size=4", "algo.fresh_per_group=2",
             f"model.base_path={base}", f"data.root={tmp_path / 'data'}", f"data.test_root={tmp_path / 'test'}",
             "data.size=16", "data.render_n=3", "data.render_frames=6", "data.test_n=2", "data.test_frames=6",
@@ -361,8 +445,26 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     curve = read_json(tmp_path / "run" / "curve.json")["curve"]
     assert [c["iteration"] for c in curve] == [0, 2, 4] and curve[-1]["rollouts"] == 16
     assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
-    exported = load_pretrained(tmp_path / "run" / "policy")  # a model folder of the backbone's class
-    assert type(exported).__name__ == "FlexForcingModel"
+    exported = load_pretrained(tmp_path / "run" / "policy")  # a TAGRPO policy folder around the base
+    assert isinstance(exported, I2VPolicy) and Path(exported.config.base_path) == base.resolve()
+    moved = [k for k, v in exported.trained_state_dict().items()
+             if not torch.equal(v, tiny_backbone().state_dict()[k.removeprefix("backbone.")])]
+    assert moved  # the DiT was post-trained
+    assert _digest(base) == before  # the base was only read
+    # the newest training checkpoint loads as the same policy (`--checkpoint RUN`)
+    from perception.i2v_rl.task import policy_folder
+
+    assert policy_folder(tmp_path / "run") == tmp_path / "run" / "policy"
+    latest = I2VPolicy.from_pretrained(tmp_path / "run" / "checkpoints")
+    assert all(torch.equal(a, b) for a, b in zip(latest.state_dict().values(), exported.state_dict().values(),
+                                                 strict=True))
+    import cv2
+
+    from perception.i2v_rl.cli import infer
+
+    cv2.imwrite(str(tmp_path / "first.png"), np.full((16, 16, 3), 90, np.uint8))
+    assert infer(_args(image=str(tmp_path / "first.png"), out=str(tmp_path / "run.mp4"),
+                       checkpoint=str(tmp_path / "run"))) == 0
     out = task.evaluate(compose(over))
     assert set(out) >= {"base", "tuned", "gain"} and out["images"] == 2
     assert out["gain"] == pytest.approx(out["tuned"]["reward"] - out["base"]["reward"])
