@@ -23,9 +23,8 @@ multi-step baseline (RGB latent concatenated to a noisy normal latent, v-predict
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F

@@ -24,8 +24,7 @@ back to equirect by barycentric interpolation on the icosphere (``icosphere.Sphe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F

@@ -27,10 +27,9 @@ Sampling in every regime lives in ``perception.video.sampling``.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn

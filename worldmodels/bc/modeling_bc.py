@@ -12,11 +12,10 @@ actions are in the env's action space (units in ``env.metadata["action_space_des
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch

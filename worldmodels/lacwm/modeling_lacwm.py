@@ -24,9 +24,8 @@ delta (dx, dy, dz m; axis-angle rad; world frame) summed over ``frame_skip`` con
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
