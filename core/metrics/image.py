@@ -14,7 +14,7 @@ PSNR and SSIM are torchmetrics' (``peak_signal_noise_ratio`` per image,
 tests/core/test_metrics.py checks both against the former own code / scikit-image on fixed inputs (PSNR
 rtol 1e-6, SSIM 1e-6 in float32, 1e-9 in float64).
 
-Compatibility with LAC-WM (``worldmodels.lacwm.experiments``), whose frames are in [-1, 1]:
+Compatibility with LAC-WM (``worldmodels.lacwm.metrics``), whose frames are in [-1, 1]:
     ``lacwm.psnr(p, t)     == psnr(p, t, data_range=2.0, min_mse=1e-10)``  (PSNR only depends on p - t)
     ``lacwm.ssim(p, t)     == ssim((p + 1) / 2, (t + 1) / 2)``              (the defaults are LAC-WM's)
 The SSIM default is LAC-WM's definition: uniform 7 x 7 windows, valid positions only (no padding),

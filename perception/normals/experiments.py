@@ -6,15 +6,15 @@
         [--old assets/checkpoints/transnormal_procedural] [--new outputs/transnormal_workspace] [--train]
 
 ``--old`` was trained on glassware in front of procedural backdrops under a procedural sky
-(``data.render.source=procedural``), ``--new`` on glassware under the real HDR panoramas with real photo
+(``data.render_source=procedural``), ``--new`` on glassware under the real HDR panoramas with real photo
 textures, same camera distances and sizes (``embodied train transnormal experiment=transnormal_workspace``;
-``--train`` runs it first when ``--new`` has no checkpoint). Both are scored by ``embodied eval transnormal`` on each held-out split (the other checkpoint and
-the constant normal as ``eval.baselines``), whole image and glass pixels, and run by ``embodied infer normals``
-on real photos (no ground truth: qualitative, with the domain check's distance). ``summary.json`` /
-``summary.md`` hold the tables.
+``--train`` runs it first when ``--new`` has no checkpoint). Both are scored by ``embodied eval transnormal``
+on each held-out split (the other checkpoint and the constant normal as ``eval.baselines``), whole image and
+glass pixels, and run by ``embodied infer normals`` on real photos (no ground truth: qualitative, with the
+domain check's distance). ``summary.json`` / ``summary.md`` hold the tables.
 
 ``glass`` — does a pretrained context encoder help on transparent objects? Glass-dominated close-up renders
-(``data.render.framing=closeup``, real HDR light; rendered once on first use), one VAE pre-trained once and
+(``data.render_framing=closeup``, real HDR light; rendered once on first use), one VAE pre-trained once and
 shared by every arm, then each arm x seed trained for the same steps on the same data (the ``core.experiments``
 grid, ``--workers`` runs at a time) and scored on the held-out split's glass pixels (and the whole image):
 
@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from core import experiments as ex
-from core.experiments import run_cli
-from core.io import read_json, write_json, write_text
+from core.io import read_json, write_text
 
-TEST_SETS = {  # name -> (data.root, data.render.source); both rendered n 320, seed 0, 64 px, 32 spp
+TEST_SETS = {  # name -> (data.root, data.render_source); both rendered n 320, seed 0, 64 px, 32 spp
     "procedural": ("outputs/datasets/transnormal_procedural", "procedural"),
     "real light + textures": ("outputs/datasets/transnormal", "real"),
 }
@@ -51,10 +50,9 @@ def _eval(out: Path, ckpt_new: str, ckpt_old: str, test: str) -> dict[str, Any]:
     root, source = TEST_SETS[test]
     run_dir = out / f"eval_{source}"
     if not (run_dir / "eval.json").is_file():
-        run_cli(["eval", "transnormal", "experiment=transnormal_workspace", f"out_dir={run_dir}",
-                 f"eval.checkpoint={ckpt_new}",
-                 f"eval.baselines=[constant,{ckpt_old}]", f"data.root={root}", f"data.render.source={source}",
-                 "trainer.progress=false"], run_dir.with_suffix(".log"))
+        ex.run_cli(["eval", "transnormal", "experiment=transnormal_workspace", f"out_dir={run_dir}",
+                    f"eval.checkpoint={ckpt_new}", f"eval.baselines=[constant,{ckpt_old}]", f"data.root={root}",
+                    f"data.render_source={source}", "trainer.progress=false"], run_dir.with_suffix(".log"))
     return read_json(run_dir / "eval.json")
 
 
@@ -76,8 +74,8 @@ def real_photos(out: Path, ckpts: dict[str, str]) -> dict[str, Any]:
     for tag, ckpt in ckpts.items():
         d = out / f"real_{tag}"
         if not all((d / f"{name}_normals.png").is_file() for name in REAL_PHOTOS):
-            run_cli(["infer", "normals", *(str(src / f"{n}.png") for n in REAL_PHOTOS), "--out", str(d),
-                     "--checkpoint", ckpt, "--overwrite"], d.with_suffix(".log"))
+            ex.run_cli(["infer", "normals", *(str(src / f"{n}.png") for n in REAL_PHOTOS), "--out", str(d),
+                        "--checkpoint", ckpt, "--overwrite"], d.with_suffix(".log"))
         dist = domain.check(Path(ckpt), list(photos.values()))
         for k, name in enumerate(REAL_PHOTOS):
             rows.setdefault(name, {})[tag] = {"normals_png": str(d / f"{name}_normals.png"),
@@ -91,11 +89,28 @@ def _resolve(ckpt: str) -> str:
     return str(resolve_checkpoint(ckpt))
 
 
+REALISM_COLUMNS = [ex.Column(h, k, digits=1, template="{} %" if k.endswith("a11.25") else None)  # already in %
+                   for h, k in (("mean (deg)", "mean"), ("median", "median"), ("< 11.25 deg", "a11.25"),
+                                ("glass mean", "glass_mean"), ("glass median", "glass_median"),
+                                ("glass < 11.25", "glass_a11.25"))]
+
+
+def realism_table(rows: list[dict[str, Any]], photos: dict[str, Any]) -> str:
+    """The markdown of ``realism``: one row per (model, test set), then the real photos' domain distances."""
+    body = ([r["model"], r["test set"], *(c.cell({k: v for k, v in r.items() if v is not None})
+                                          for c in REALISM_COLUMNS)] for r in rows)
+    table = ex.markdown_table(["model", "test set", *(c.header for c in REALISM_COLUMNS)], body)
+    return table + "\n\nReal photos (no ground truth): domain-check feature distance old / new: " + ", ".join(
+        f"{n} {p['old']['domain_distance']} / {p['new']['domain_distance']}" for n, p in photos.items())
+
+
 def realism(args) -> dict[str, Any]:
+    """Old vs new data: both checkpoints on both held-out sets and on real photos (``summary.json`` / ``.md``)."""
     out = args.out
-    if args.train and not (Path(args.new) / "checkpoints").is_dir() and not (Path(args.new) / "model.safetensors").is_file():
-        run_cli(["train", "transnormal", "experiment=transnormal_workspace", f"out_dir={args.new}",
-                 "trainer.progress=false", "trainer.tensorboard=false"], out / "train_new.log")
+    new = Path(args.new)
+    if args.train and not (new / "checkpoints").is_dir() and not (new / "model.safetensors").is_file():
+        ex.run_cli(["train", "transnormal", "experiment=transnormal_workspace", f"out_dir={args.new}",
+                    "trainer.progress=false", "trainer.tensorboard=false"], out / "train_new.log")
     rows = []
     for test in TEST_SETS:
         e = _eval(out, args.new, args.old, test)
@@ -108,20 +123,8 @@ def realism(args) -> dict[str, Any]:
                          "glass_a11.25": m["glass"].get("a11.25")})
     photos = real_photos(out, {"old": _resolve(args.old), "new": _resolve(args.new)})
     summary = {"checkpoints": {"old": args.old, "new": args.new}, "heldout": rows, "real_photos": photos}
-    write_json(out / "summary.json", summary)
-    lines = ["| model | test set | mean (deg) | median | < 11.25 deg | glass mean | glass median | glass < 11.25 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['model']} | {r['test set']} | {_f(r['mean'])} | {_f(r['median'])} | {_f(r['a11.25'], True)} | "
-              f"{_f(r['glass_mean'])} | {_f(r['glass_median'])} | {_f(r['glass_a11.25'], True)} |" for r in rows]
-    lines += ["", "Real photos (no ground truth): domain-check feature distance old / new: " + ", ".join(
-        f"{n} {p['old']['domain_distance']} / {p['new']['domain_distance']}" for n, p in photos.items())]
-    write_text(out / "summary.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(ex.write_summary(out, summary, realism_table(rows, photos)), end="")
     return summary
-
-
-def _f(v, pct=False) -> str:
-    return "-" if v is None else (f"{v:.1f} %" if pct else f"{v:.1f}")  # a11.25 is already in percent
 
 
 def glass_arms() -> dict[str, tuple[str, ...]]:
@@ -131,12 +134,16 @@ def glass_arms() -> dict[str, tuple[str, ...]]:
     return {("effnet" if a == first else a): over for a, over in arms.items()}
 
 
+def _glass_root(args) -> str:
+    """The glass renders' dataset root (``--data``, default ``outputs/datasets/transnormal_glass<size>``)."""
+    return args.data or f"outputs/datasets/transnormal_glass{args.size}"
+
+
 def _glass_common(args) -> list[str]:
     """Data and model size overrides shared by every arm (and the VAE run)."""
-    root = args.data or f"outputs/datasets/transnormal_glass{args.size}"
-    return [f"data.root={root}", f"data.image_size={args.size}", f"data.render.size={args.size}",
-            f"data.render.n={args.n}", "data.render.source=real", "data.render.framing=closeup",
-            f"data.render.workers={args.workers}", f"model.image_size={args.crop}",
+    return [f"data.root={_glass_root(args)}", f"data.image_size={args.size}", f"data.render_size={args.size}",
+            f"data.render_n={args.n}", "data.render_source=real", "data.render_framing=closeup",
+            f"data.render_workers={args.workers}", f"model.image_size={args.crop}",
             f"model.processing_res={args.size}", "trainer.progress=false", "trainer.tensorboard=false"]
 
 
@@ -154,8 +161,8 @@ def glass(args) -> dict[str, Any]:
     failures: list[ex.Failure] = []
     if not args.collect_only:
         if not (vae / "vae").is_dir():  # renders the data on first use, then stage 1 only (one UNet step)
-            run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
-                    out / "vae_base.log", threads=max(1, args.workers))
+            ex.run_cli(["train", "transnormal", *_glass_common(args), "trainer.max_steps=1", f"out_dir={vae}"],
+                       out / "vae_base.log", threads=max(1, args.workers))
         grid = ex.Grid("transnormal", out, ex.pick_arms(glass_arms(), args.arms), args.seeds,
                        [*_glass_common(args), f"model.vae_path={vae / 'vae'}", f"trainer.max_steps={args.steps}",
                         f"trainer.ckpt_every={args.steps}"], eval_overrides=["eval.baselines=[constant]"])
@@ -170,7 +177,7 @@ def glass(args) -> dict[str, Any]:
         const = next(iter(next(iter(runs.values())).values()))["models"]["constant"]
         rows.append({"arm": "constant normal (train mean)", **ex.seed_stats([const], METRICS), "steps": None,
                      "per_seed_glass_mean": [round(const["glass"]["mean"], 2)]})
-    meta_file = Path(_glass_common(args)[0].split("=", 1)[1]) / "meta.json"
+    meta_file = Path(_glass_root(args)) / "meta.json"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     summary = {"settings": settings, "rows": rows, "failed": [str(f) for f in failures],
                "mean_glass_fraction": read_json(meta_file).get("mean_glass_fraction") if meta_file.is_file() else None}
@@ -198,11 +205,11 @@ def ship(args) -> dict[str, Any]:
     cfg = json.loads((src / "config.json").read_text())
     cfg["model"]["vae_path"] = None
     cfg["model"]["scaling_factor"] = float(load_file(src / "model.safetensors")["latent_scale"])
-    cfg["data"]["render"]["workers"] = 1
+    cfg["data"]["render_workers"] = 1
     shutil.copy(src / "model.safetensors", dst / "model.safetensors")
     write_text(dst / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (dst / "domain.safetensors").unlink(missing_ok=True)  # belongs to the previous weights: recalibrate
-    size = int(cfg["data"]["render"].get("size", 64))
+    size = int(cfg["data"].get("render_size", 64))
     x = torch.randint(0, 256, (2, 3, size, size), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     diff = float((TransNormalPipeline.from_pretrained(src)(x).normals
                   - TransNormalPipeline.from_pretrained(dst)(x).normals).abs().max())

@@ -108,7 +108,7 @@ def _lacwm_reference_psnr_ssim(p: torch.Tensor, t: torch.Tensor, window: int = 7
 
 def test_equal_to_lacwm_metrics_on_random_inputs():
     """LAC-WM now reports core's metrics: same numbers as its former own code, so its tables stay comparable."""
-    from worldmodels.lacwm.experiments import _psnr_db, _ssim
+    from worldmodels.lacwm.metrics import _psnr_db, _ssim
 
     p = _rand(3, 4, 3, 16, 16, seed=4) * 2.4 - 1.2  # [-1, 1] frames with overshoot, (B, T, 3, H, W)
     t = _rand(3, 4, 3, 16, 16, seed=5) * 2 - 1

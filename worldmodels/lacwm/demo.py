@@ -27,15 +27,17 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from sim.recorder import record_rollout
     from sim.rollout import RolloutConfig
     from worldmodels.lacwm.data import TransitionDataset
-    from worldmodels.lacwm.experiments import rollout_error
+    from worldmodels.lacwm.metrics import rollout_error
     from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-    models = {name: WorldModel.from_pretrained(ASSETS / name) for name in ("lacwm", "eacwm") if (ASSETS / name).exists()}
+    models = {name: WorldModel.from_pretrained(ASSETS / name) for name in ("lacwm", "eacwm")
+              if (ASSETS / name).exists()}
     if not models:
         return DemoSection(title="LAC-WM / EAC-WM (worldmodels/lacwm)", lead="no shipped checkpoint found",
                            body="", figures={})
     cfg = next(iter(models.values())).config
-    camera = (next(iter(models.values())).loaded_from["config"].get("data") or {}).get("camera")  # the frames it was trained on
+    # the camera of the frames it was trained on
+    camera = (next(iter(models.values())).loaded_from["config"].get("data") or {}).get("camera")
     # the whole 45 steps even after the target is reached: the window below needs 6 x frame_skip + 1 steps
     env_kwargs = {"image_size": cfg.image_size, "terminate_on_success": False, **({"camera": camera} if camera else {})}
     rec = record_rollout(RolloutConfig(env_id=HELD_OUT_ENV, episodes=1, seed=ctx.seed + 900, policy="scripted",

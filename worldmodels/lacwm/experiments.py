@@ -1,18 +1,11 @@
-"""What ``embodied train|eval lacwm|eacwm`` run: data, pretraining, adaptation, evaluation, the scaling sweep.
+"""LAC-WM's scaling sweep: held-out rollout error vs the number of pretraining embodiments, and its tables.
 
-Run layout (``out_dir``)::
-
-    pretrain/            core Trainer run of the pretrained model (checkpoints/, metrics.jsonl)
-    adapt/<stage>/       one Trainer run per adaptation stage on the held-out embodiment
-    adapted/             the adapted model (model.safetensors + config.json): projector / encoder + FDM
-    scratch/, scratch_model/   the scratch arm (same inference architecture, random init)
-    eval.json            rollout error, probe, planning, written by ``evaluate``
-
-Scaling sweep (``python -m worldmodels.lacwm.experiments scaling [--workers N] [overrides]``): for each number
-of pretraining embodiments, LAC-WM and its EAC-WM arm are pretrained and adapted (the ``core.experiments``
-grid, through the public CLI); scratch once; the held-out rollout error table goes to
-``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
-(``reeval.json``, with planning on the largest count).
+``python -m worldmodels.lacwm.experiments scaling [--counts 1 2 3] [--arms lacwm,eacwm,scratch] [--workers N]
+[overrides]``: for each number of pretraining embodiments, LAC-WM and its EAC-WM arm are pretrained and adapted
+(the ``core.experiments`` grid, through the public CLI); scratch once, in process; the held-out rollout error
+table goes to ``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
+(``reeval.json``, with planning on the largest count); ``... table`` prints the README tables of a
+``reeval.json``. The training and evaluation code is ``worldmodels.lacwm.training`` / ``task`` / ``metrics``.
 """
 
 from __future__ import annotations
@@ -24,320 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from core.config import TrainerConfig, to_container, to_object
-from core.errors import DataError
+from core.config import to_container
 from core.io import write_json
-from core.logging import get_logger
-from worldmodels.lacwm.configuration_lacwm import LACWMConfig, WorldModelDataConfig
-
-log = get_logger("embodied.lacwm")
-
-LIBERO_PREFIX = "embodied/Libero-"
-
-
-# ------------------------------------------------------------------------------------------------ data
-def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, list[Path]]:
-    """``{"pretrain", "adapt", "test"}`` -> HDF5 files, recording the missing ones (cached under ``data.root``)."""
-    from worldmodels.lacwm.data import RecordSpec, check_cached, record_suite, suite_specs
-
-    root = Path(data.root)
-    embs = data.pretrain_embodiments[: data.num_pretrain_embodiments]
-    plan = {
-        "pretrain": suite_specs(embs, data.tasks, data.episodes, data.seed, data.max_steps, data.image_size,
-                                camera=data.camera)
-        + [RecordSpec(t, data.libero_episodes, data.seed, data.max_steps, data.image_size, explore_every=0)
-           for t in data.libero_tasks],
-        "adapt": suite_specs([data.held_out], data.tasks, data.adapt_episodes, data.seed, data.max_steps,
-                             data.image_size, camera=data.camera),
-        "test": suite_specs([data.held_out], data.tasks, data.test_episodes, data.test_seed, data.max_steps,
-                            data.image_size, explore_every=2, camera=data.camera),
-    }
-    out: dict[str, list[Path]] = {}
-    for split, specs in plan.items():
-        from sim.recorder import sanitize_env_id
-
-        paths = [root / split / f"{sanitize_env_id(s.env_id)}.hdf5" for s in specs]
-        missing = [s for s, p in zip(specs, paths, strict=True) if not p.exists()]
-        for s, p in zip(specs, paths, strict=True):
-            if p.exists():
-                check_cached(s, p)  # the cache is keyed by env id: refuse files of other settings
-        if missing and not record:
-            raise DataError(paths[specs.index(missing[0])], "no such file (run `embodied train` to record it)")
-        if missing:
-            record_suite(missing, root / split)
-        out[split] = paths
-    return out
-
-
-def transitions(paths: list[Path], model_cfg: LACWMConfig, context: int | None = None, **kw):
-    """A ``TransitionDataset`` with the model's skip and (by default) context."""
-    from worldmodels.lacwm.data import TransitionDataset
-
-    return TransitionDataset(paths, context=context or model_cfg.context, skip=model_cfg.frame_skip, **kw)
-
-
-def motion_stats(ds) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dim mean / std of the per-transition motion label over (up to 2,000 samples of) ``ds``."""
-    idx = np.linspace(0, len(ds) - 1, min(len(ds), 2000)).astype(int)
-    m = np.concatenate([ds[int(i)]["motion"].numpy() for i in idx])
-    return m.mean(0), m.std(0)
-
-
-# ------------------------------------------------------------------------------------------- training
-def _trainer_cfg(cfg: TrainerConfig, **over) -> TrainerConfig:
-    return dataclasses.replace(cfg, **over)
-
-
-def pretrain(model_cfg: LACWMConfig, files: dict[str, list[Path]], trainer_cfg: TrainerConfig, out_dir: Path,
-             run_config: dict[str, Any]):
-    """Pretrain LAC-WM / EAC-WM on the pretraining files; returns the trained model."""
-    from core.trainer import Trainer, seed_everything
-    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, build_model
-
-    probe = transitions(files["pretrain"], model_cfg)
-    dims = {e: probe.action_dims[e] for e in probe.embodiments}
-    pad = max(dims.values())
-    ds = transitions(files["pretrain"], model_cfg, action_pad_to=pad, embodiment_names=list(dims))
-    model_cfg = dataclasses.replace(model_cfg, action_dims=dims if model_cfg.conditioning == "explicit" else {})
-    seed_everything(trainer_cfg.seed)
-    model = build_model(model_cfg)
-    if isinstance(model, LACWorldModel):
-        model.set_motion_stats(*motion_stats(ds))
-    rc = {**run_config, "model": dataclasses.asdict(model_cfg)}
-    log.info("pretraining %s on %d transitions of %s", model_cfg.conditioning, len(ds), list(dims))
-    Trainer(model, ds, trainer_cfg, out_dir, run_config=rc).fit()
-    return model.cpu()
-
-
-def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: TrainerConfig, out_dir: Path,
-          run_config: dict[str, Any], scratch: bool = False):
-    """Adapt ``pretrained`` (or train the scratch arm) on the held-out embodiment's few demonstrations."""
-    from core.checkpoint import save_checkpoint
-    from core.trainer import Trainer, seed_everything
-    from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, adapted_config, stage_plan
-    from worldmodels.lacwm.data import embodiment_name
-    from worldmodels.lacwm.modeling_lacwm import build_model
-
-    held_out = embodiment_name(held_out)
-    base_cfg = pretrained.config
-    ds = transitions(files["adapt"], base_cfg)
-    a_dim = ds.action_dims[held_out]
-    seed_everything(trainer_cfg.seed)
-    model = build_model(adapted_config(base_cfg, held_out, a_dim, scratch=True)) if scratch \
-        else adapt_model(pretrained, held_out, a_dim)
-    a = base_cfg.adapt
-    for stage, steps in stage_plan(model, scratch=scratch):
-        wrapper = AdaptationStage(model, stage, held_out, a.align_weight)
-        tc = _trainer_cfg(trainer_cfg, max_steps=steps, batch_size=min(a.batch_size, len(ds)),
-                          ckpt_every=steps, optim=dataclasses.replace(trainer_cfg.optim, lr=a.lr))
-        Trainer(wrapper, ds, tc, out_dir / ("scratch" if scratch else "adapt") / stage, run_config=run_config).fit()
-    model = model.cpu().eval()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    name = "scratch_model" if scratch else "adapted"
-    save_checkpoint(out_dir / name, model, {**run_config, "model": dataclasses.asdict(model.config),
-                                            "held_out": held_out, "stage": name})
-    return model
-
-
-# ------------------------------------------------------------------------------------------- metrics
-def _psnr_db(mse: torch.Tensor) -> torch.Tensor:
-    """PSNR in dB of an MSE of frames in [-1, 1] (``core.metrics``: peak-to-peak 2, MSE floored at 1e-10)."""
-    from core.metrics.image import psnr_from_mse
-
-    return psnr_from_mse(mse, data_range=2.0, min_mse=1e-10)
-
-
-def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``core.metrics`` SSIM (uniform 7 x 7 windows) of frames in [-1, 1], mapped to [0, 1]: (..., 3, H, W) -> (...)."""
-    from core.metrics.image import ssim
-
-    return ssim((pred.clamp(-1, 1) + 1) / 2, (target.clamp(-1, 1) + 1) / 2)
-
-
-def feature_distance(pred: torch.Tensor, target: torch.Tensor, judge) -> torch.Tensor:
-    """Learned feature distance: 1 - cosine similarity of ``judge`` IDM frame tokens, (..., 3, H, W) -> (...)."""
-    lead = pred.shape[:-3]
-    p = judge.codec.patchify(pred.reshape(-1, *pred.shape[-3:]))
-    t = judge.codec.patchify(target.reshape(-1, *target.shape[-3:]))
-    fp, ft = judge.idm.tokens(p), judge.idm.tokens(t)
-    for blk in judge.idm.blocks:
-        fp, ft = blk(fp), blk(ft)
-    return (1 - torch.nn.functional.cosine_similarity(fp, ft, dim=-1).mean(-1)).reshape(lead)
-
-
-@torch.no_grad()
-def rollout_error(model, ds, embodiment: str, horizon: int = 8, max_samples: int = 64, seed: int = 0,
-                  judge=None) -> dict[str, Any]:
-    """Imagined-rollout error vs horizon on windows of ``horizon`` transitions.
-
-    Arms: ``model`` (true actions through its projector / encoder), ``shuffled`` (actions of another window),
-    ``copy_last`` (the first frame repeated). Returns per-arm lists of mean PSNR / SSIM (/ feature
-    distance with a ``judge`` LAC-WM) at horizons 1..``horizon``; PSNR is that of the mean squared error over
-    windows (a mean of per-window PSNRs is dominated by the few near-perfect windows).
-    """
-    if len(ds) == 0:
-        raise DataError("test episodes", f"no window of {horizon} transitions fits in them (episodes too short "
-                        "for this horizon x model.frame_skip; raise data.max_steps)")
-    g = np.random.default_rng(seed)
-    idx = g.choice(len(ds), size=min(max_samples, len(ds)), replace=False)
-    batch = {k: torch.stack([ds[int(i)][k] for i in idx]) for k in ("frames", "actions")}
-    model = model.eval()
-    target = model.codec.to_float(batch["frames"])[:, 1:]
-    perm = torch.from_numpy(np.roll(np.arange(len(idx)), 1))
-    enc = model.action_encoder(embodiment)
-    arms = {
-        "model": model.imagine(batch["frames"][:, 0], enc(batch["actions"].float())),
-        "shuffled": model.imagine(batch["frames"][:, 0], enc(batch["actions"][perm].float())),
-        "copy_last": model.codec.to_float(batch["frames"][:, :1]).expand_as(target),
-    }
-    out: dict[str, Any] = {"samples": len(idx), "horizon": horizon}
-    for name, pred in arms.items():
-        mse = ((pred - target) ** 2).flatten(2).mean(-1).mean(0)  # (T,): mean over windows, then PSNR
-        row = {"psnr": _psnr_db(mse).tolist(), "ssim": _ssim(pred, target).mean(0).tolist()}
-        if judge is not None:
-            row["feature_distance"] = feature_distance(pred, target, judge).mean(0).tolist()
-        out[name] = row
-    return out
-
-
-RIDGES = tuple(10.0**k for k in range(-3, 5))
-
-
-def _ridge_fit(x: np.ndarray, y: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    """Ridge weights (D+1, L) with an unpenalised bias; ``ridge`` (L,) is the penalty of each label dim."""
-    xb = np.c_[x, np.ones(len(x))]
-    gram, xty = xb.T @ xb, xb.T @ y
-    w = np.empty((xb.shape[1], y.shape[1]))
-    for lam in np.unique(ridge):  # one solve per distinct penalty, all its label dims at once
-        cols = ridge == lam
-        reg = lam * np.eye(xb.shape[1])
-        reg[-1, -1] = 0.0
-        w[:, cols] = np.linalg.solve(gram + reg, xty[:, cols])
-    return w
-
-
-def _ridge_cv(x: np.ndarray, y: np.ndarray, folds: int = 5) -> np.ndarray:
-    """Per label dim, the penalty of ``RIDGES`` with the lowest squared error over ``folds`` contiguous folds
-    (samples come in episode order, so contiguous folds mostly hold out whole episodes)."""
-    edges = np.linspace(0, len(x), folds + 1).astype(int)
-    err = np.zeros((len(RIDGES), y.shape[1]))
-    for i, lam in enumerate(RIDGES):
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
-            keep = np.r_[0:a, b:len(x)]
-            w = _ridge_fit(x[keep], y[keep], np.full(y.shape[1], lam))
-            err[i] += ((np.c_[x[a:b], np.ones(b - a)] @ w - y[a:b]) ** 2).sum(0)
-    return np.asarray(RIDGES)[err.argmin(0)]
-
-
-@torch.no_grad()
-def linear_probe(model, train_ds, test_ds, seed: int = 0, shuffles: int = 10) -> dict[str, Any]:
-    """R^2 of a ridge-regression probe from frozen IDM latents to the true end-effector motion.
-
-    Trained on ``train_ds``, scored on ``test_ds`` (both of the held-out embodiment). Latents are standardised
-    with the training statistics; the penalty of each label dim is chosen by 5-fold cross-validation on the
-    training set (``RIDGES``), so a dim the latent does not predict gets a large penalty and R^2 near 0 instead
-    of an overfit negative value. ``r2`` pools the 6 dims (dx, dy, dz, rx, ry, rz), ``r2_translation`` the first
-    three, ``r2_per_dim`` each; ``r2_shuffled`` trains on permuted labels (mean over ``shuffles`` permutations;
-    should be ~0 or below: a shift of the test episodes' mean motion from the training episodes' pushes it
-    below 0).
-    """
-
-    def collect(ds):
-        zs, ms = [], []
-        for i in range(0, len(ds), 64):
-            items = [ds[j] for j in range(i, min(len(ds), i + 64))]
-            zs.append(model.latent_actions(torch.stack([s["frames"] for s in items])).flatten(0, 1))
-            ms.append(torch.stack([s["motion"] for s in items]).flatten(0, 1))
-        return torch.cat(zs).double().numpy(), torch.cat(ms).double().numpy()
-
-    model = model.eval()
-    z_tr, m_tr = collect(train_ds)
-    z_te, m_te = collect(test_ds)
-    z_mu, z_sd = z_tr.mean(0), z_tr.std(0) + 1e-9
-    z_tr, z_te = (z_tr - z_mu) / z_sd, (z_te - z_mu) / z_sd
-    mu, sd = m_tr.mean(0), m_tr.std(0) + 1e-9
-    m_tr, m_te = (m_tr - mu) / sd, (m_te - mu) / sd
-
-    def predict(labels, ridge=None):
-        ridge = _ridge_cv(z_tr, labels) if ridge is None else ridge
-        return np.c_[z_te, np.ones(len(z_te))] @ _ridge_fit(z_tr, labels, ridge)
-
-    def r2(pred, dims=slice(None)):
-        p, t = pred[:, dims], m_te[:, dims]
-        return float(1 - ((p - t) ** 2).sum() / ((t - t.mean(0)) ** 2).sum())
-
-    rng = np.random.default_rng(seed)
-    shuffled = [r2(predict(m_tr[rng.permutation(len(m_tr))])) for _ in range(shuffles)]
-    ridge = _ridge_cv(z_tr, m_tr)
-    pred = predict(m_tr, ridge)
-    # rotations of a small end effector are barely visible at 48-64 px: translation is reported on its own
-    per_dim = [r2(pred, slice(j, j + 1)) for j in range(m_te.shape[1])]
-    return {"r2": r2(pred), "r2_shuffled": float(np.mean(shuffled)), "r2_translation": r2(pred, slice(0, 3)),
-            "r2_per_dim": per_dim, "ridge": ridge.tolist(), "train": len(z_tr), "test": len(z_te)}
-
-
-# ------------------------------------------------------------------------------------------ tasks
-def configs(cfg) -> tuple[LACWMConfig, WorldModelDataConfig, TrainerConfig]:
-    """Validated model / data / trainer configs of a composed run config."""
-    return to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
-
-
-def train(cfg) -> dict[str, Any]:
-    """Record data if missing, pretrain, adapt to the held-out embodiment (and the scratch arm)."""
-    from core.bootstrap import prepare_process
-    from core.config import save_resolved
-
-    prepare_process()  # the learning stack before the recorder's EGL context (ENV.md: triton after EGL segfaults)
-    model_cfg, data_cfg, trainer_cfg = configs(cfg)
-    out = Path(cfg.out_dir)
-    files = data_files(data_cfg)
-    run_config = to_container(cfg)
-    save_resolved(run_config, out)
-    model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config)
-    adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config)
-    return {"pretrained": str(out / "pretrain"), "adapted": str(out / "adapted"),
-            "parameters": sum(p.numel() for p in adapted.parameters())}
-
-
-def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any]:
-    """Rollout error (+ shuffled / copy-last ablations) of the adapted model on the held-out test episodes,
-    (LAC-WM) the linear probe of the pretrained IDM latents, and planning success vs random selection."""
-    from core.bootstrap import prepare_process
-    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, WorldModel
-
-    prepare_process()
-    model_cfg, data_cfg, _ = configs(cfg)
-    out = Path(cfg.out_dir)
-    files = data_files(data_cfg, record=True)
-    path = cfg.eval.checkpoint or out / ("scratch_model" if scratch else "adapted")
-    model = WorldModel.from_pretrained(path)
-    test = transitions(files["test"], model.config, context=8)
-    judge = None
-    pre_path = out / "pretrain"
-    result: dict[str, Any] = {"checkpoint": str(path), "held_out": data_cfg.held_out}
-    if isinstance(model, LACWorldModel):
-        judge = model
-        pre = WorldModel.from_pretrained(pre_path)
-        pairs = transitions(files["adapt"], model.config, context=1), transitions(files["test"], model.config, context=1)
-        result["probe"] = linear_probe(pre, *pairs)
-        # the adapted IDM saw the held-out embodiment (stage-1 LoRA with the LAC loss on the adaptation episodes)
-        result["probe_adapted"] = linear_probe(model, *pairs)
-    from worldmodels.lacwm.data import embodiment_name
-
-    result["rollout"] = rollout_error(model, test, embodiment_name(data_cfg.held_out), judge=judge)
-    if planning and data_cfg.plan_episodes > 0:
-        from sim.manipulation.registration import env_id
-        from worldmodels.lacwm.planning import planning_eval
-
-        result["planning"] = planning_eval(path, env_id("Reach", data_cfg.held_out), episodes=data_cfg.plan_episodes,
-                                           image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps,
-                                           camera=data_cfg.camera)
-    write_json(out / ("eval_scratch.json" if scratch else "eval.json"), result)
-    return result
-
+from worldmodels.lacwm.task import configs, evaluate
+from worldmodels.lacwm.training import adapt, data_files
 
 # ------------------------------------------------------------------------------------------ scaling
 ARMS = ("lacwm", "eacwm", "scratch")  # LAC-WM's registered arms, then the scratch arm (no CLI: in process)
@@ -450,8 +134,8 @@ def markdown(table: dict[str, Any]) -> str:
     out = ["| method | pretrain emb. | PSNR@1 | PSNR@8 | PSNR 1-8 | shuffled | copy-last | SSIM 1-8 | feat. dist "
            "(shuf. / copy) | probe R2 trans. | (all 6) | shuffled R2 | adapted IDM R2 trans. |", "|" + "---|" * 13]
     for r in sorted(table["rows"], key=lambda r: (ARMS.index(r["method"]), r["pretrain_embodiments"])):
-        fd = (f"{f(r['feat_dist_mean'], 3)} ({f(r['shuffled_feat_dist_mean'], 3)} / {f(r['copy_last_feat_dist_mean'], 3)})"
-              if "feat_dist_mean" in r else "–")
+        fd = (f"{f(r['feat_dist_mean'], 3)} ({f(r['shuffled_feat_dist_mean'], 3)} / "
+              f"{f(r['copy_last_feat_dist_mean'], 3)})" if "feat_dist_mean" in r else "–")
         out.append(f"| {r['method']} | {r['pretrain_embodiments']} | {f(r['psnr@1'])} | {f(r['psnr@8'])} | "
                    f"{f(r['psnr_mean'])} | {f(r['shuffled_psnr_mean'])} | {f(r['copy_last_psnr_mean'])} | "
                    f"{f(r['ssim_mean'], 3)} | {fd} | {f(r.get('probe_r2_translation'))} | {f(r.get('probe_r2'))} | "
@@ -472,8 +156,9 @@ def markdown(table: dict[str, Any]) -> str:
         out += ["", "| model | episodes | success (model selection) | success (random selection) | return (model) | "
                 "return (random) |", "|" + "---|" * 6]
         for run, p in plans.items():
-            out.append(f"| {run} | {p['episodes']} | {f(p['model']['success_rate'])} | {f(p['random']['success_rate'])} "
-                       f"| {f(p['model']['mean_return'])} | {f(p['random']['mean_return'])} |")
+            out.append(f"| {run} | {p['episodes']} | {f(p['model']['success_rate'])} | "
+                       f"{f(p['random']['success_rate'])} | {f(p['model']['mean_return'])} | "
+                       f"{f(p['random']['mean_return'])} |")
     return "\n".join(out)
 
 
@@ -510,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="outputs/lacwm/scaling")
     parser.add_argument("--plan", action="store_true", help="reeval: also run planning for the largest count")
     parser.add_argument("--seeds", nargs="+", default=None,
-                        help="table: sweep folders of other seeds (the same sweep, other trainer.seed) to average with --out")
+                        help="table: sweep folders of other seeds (the same sweep, other trainer.seed) to average "
+                        "with --out")
     parser.add_argument("--arms", default=",".join(ARMS), help="scaling: comma-separated arms to run (of "
                         f"{','.join(ARMS)})")
     parser.add_argument("--workers", type=int, default=1, help="scaling: runs at a time (one process, one thread each)")

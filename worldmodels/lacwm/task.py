@@ -1,7 +1,7 @@
-"""``embodied train|eval lacwm`` and ``embodied train|eval eacwm``: the task functions (the CLI only dispatches).
+"""``embodied train|eval lacwm [--arm eacwm]``: the task functions (the CLI only dispatches).
 
-Both methods share this module; the composed config's model (``configs/experiment/{lacwm,eacwm}.yaml``)
-decides which world model is built.
+LAC-WM and its baseline arm EAC-WM share this module; the composed config's model (``model=lacwm`` /
+``model=eacwm``) decides which world model is built.
 train: record missing data -> pretrain -> adapt to the held-out embodiment (LAC-WM: 3-stage LoRA /
     projector / joint; EAC-WM: a new action encoder + LoRA).
 evaluate: imagined-rollout error (vs copy-last-frame / shuffled actions), the latent probe (LAC-WM) and
@@ -10,19 +10,74 @@ evaluate: imagined-rollout error (vs copy-last-frame / shuffled actions), the la
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from worldmodels.lacwm import experiments
+from core.config import TrainerConfig, to_container, to_object
+from core.io import write_json
+from worldmodels.lacwm.configuration_lacwm import LACWMConfig, WorldModelDataConfig
+from worldmodels.lacwm.metrics import linear_probe, rollout_error
+from worldmodels.lacwm.training import adapt, data_files, pretrain, transitions
+
+
+def configs(cfg) -> tuple[LACWMConfig, WorldModelDataConfig, TrainerConfig]:
+    """Validated model / data / trainer configs of a composed run config."""
+    return to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
 
 
 def train(cfg) -> dict[str, Any]:
-    """Pretrain and adapt the configured world model."""
-    return experiments.train(cfg)
+    """Record data if missing, pretrain, adapt to the held-out embodiment (and the scratch arm)."""
+    from core.bootstrap import prepare_process
+    from core.config import save_resolved
+
+    prepare_process()  # the learning stack before the recorder's EGL context (ENV.md: triton after EGL segfaults)
+    model_cfg, data_cfg, trainer_cfg = configs(cfg)
+    out = Path(cfg.out_dir)
+    files = data_files(data_cfg)
+    run_config = to_container(cfg)
+    save_resolved(run_config, out)
+    model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config)
+    adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config)
+    return {"pretrained": str(out / "pretrain"), "adapted": str(out / "adapted"),
+            "parameters": sum(p.numel() for p in adapted.parameters())}
 
 
-def evaluate(cfg) -> dict[str, Any]:
-    """Evaluate the adapted world model on the held-out embodiment; writes ``<out_dir>/eval.json``."""
-    return experiments.evaluate(cfg)
+def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any]:
+    """Rollout error (+ shuffled / copy-last ablations) of the adapted model on the held-out test episodes,
+    (LAC-WM) the linear probe of the pretrained IDM latents, and planning success vs random selection."""
+    from core.bootstrap import prepare_process
+    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, WorldModel
+
+    prepare_process()
+    model_cfg, data_cfg, _ = configs(cfg)
+    out = Path(cfg.out_dir)
+    files = data_files(data_cfg, record=True)
+    path = cfg.eval.checkpoint or out / ("scratch_model" if scratch else "adapted")
+    model = WorldModel.from_pretrained(path)
+    test = transitions(files["test"], model.config, context=8)
+    judge = None
+    pre_path = out / "pretrain"
+    result: dict[str, Any] = {"checkpoint": str(path), "held_out": data_cfg.held_out}
+    if isinstance(model, LACWorldModel):
+        judge = model
+        pre = WorldModel.from_pretrained(pre_path)
+        pairs = (transitions(files["adapt"], model.config, context=1),
+                 transitions(files["test"], model.config, context=1))
+        result["probe"] = linear_probe(pre, *pairs)
+        # the adapted IDM saw the held-out embodiment (stage-1 LoRA with the LAC loss on the adaptation episodes)
+        result["probe_adapted"] = linear_probe(model, *pairs)
+    from worldmodels.lacwm.data import embodiment_name
+
+    result["rollout"] = rollout_error(model, test, embodiment_name(data_cfg.held_out), judge=judge)
+    if planning and data_cfg.plan_episodes > 0:
+        from sim.manipulation.registration import env_id
+        from worldmodels.lacwm.planning import planning_eval
+
+        result["planning"] = planning_eval(path, env_id("Reach", data_cfg.held_out), episodes=data_cfg.plan_episodes,
+                                           image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps,
+                                           camera=data_cfg.camera)
+    write_json(out / ("eval_scratch.json" if scratch else "eval.json"), result)
+    return result
 
 
 def load_policy(checkpoint, env):

@@ -12,7 +12,7 @@ from core.config import compose, to_object
 from core.testing import ModelChecks
 from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, stage_plan
 from worldmodels.lacwm.configuration_lacwm import EACWMConfig, LACWMConfig
-from worldmodels.lacwm.experiments import _psnr_db, _ssim, linear_probe, rollout_error
+from worldmodels.lacwm.metrics import _psnr_db, _ssim, linear_probe, rollout_error
 from worldmodels.lacwm.modeling_lacwm import EACWorldModel, LACWorldModel, build_model, random_view
 
 TINY = dict(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2, latent_dim=8,
@@ -135,7 +135,7 @@ def test_probe_is_high_on_real_labels_and_near_zero_on_shuffled():
 
 def test_probe_penalty_is_cross_validated_per_label_dim():
     """A predictable dim gets a small penalty, a pure-noise dim the largest (R^2 ~0, not an overfit negative)."""
-    from worldmodels.lacwm.experiments import RIDGES, _ridge_cv
+    from worldmodels.lacwm.metrics import RIDGES, _ridge_cv
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 16))
