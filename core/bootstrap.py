@@ -19,7 +19,8 @@ _prepared = False
 def set_headless_env() -> None:
     """Pick headless backends unless the user chose others; never reach for a model hub."""
     os.environ.setdefault("MUJOCO_GL", "egl")
-    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"] if os.environ["MUJOCO_GL"] in ("egl", "osmesa") else "egl")
+    gl = os.environ["MUJOCO_GL"]
+    os.environ.setdefault("PYOPENGL_PLATFORM", gl if gl in ("egl", "osmesa") else "egl")
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENCV_IO_ENABLE_OPENEXR", "1")

@@ -277,8 +277,10 @@ _CHECKPOINT_FIRST = ("checkpoint", "checkpoint_dir", "ckpt", "ckpt_dir", "path")
 
 
 def takes_checkpoint_first(factory: Any) -> bool:
-    """Whether a policy factory is ``(checkpoint, env, ...)`` (its first parameter is named checkpoint /
-    checkpoint_dir / ckpt / ckpt_dir / path) rather than ``(env, checkpoint=None, **options)``."""
+    """Whether a policy factory is ``(checkpoint, env, ...)`` rather than ``(env, checkpoint=None, **options)``.
+
+    True when its first parameter is named checkpoint / checkpoint_dir / ckpt / ckpt_dir / path.
+    """
     import inspect
 
     try:

@@ -335,7 +335,8 @@ def _import_config_modules() -> None:
             except ModuleNotFoundError as e:
                 if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):
                     raise
-                raise ConfigError(f"method {spec.name!r} declares config module {mod!r}, which does not exist") from None
+                raise ConfigError(f"method {spec.name!r} declares config module {mod!r}, which does not "
+                                  "exist") from None
 
 
 def default_config_dir() -> Path:
@@ -472,7 +473,8 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
         # schemas registered in the ConfigStore (``*_schema``) are the YAML files' bases, not user choices
         names = ", ".join(n for n in opts.group(1).split() if not n.endswith("_schema")) if opts else "none"
         return f"no config {missing.group(1)!r} (available: {names})"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type"))]
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.strip().startswith(("full_key", "object_type"))]
     return f"config error: {lines[-1] if lines else type(e).__name__}{place}"
 
 

@@ -35,11 +35,13 @@ class DemoContext:
     artifacts: dict[str, Any] = field(default_factory=dict)
 
     def path(self, *parts: str) -> Path:
+        """``out / parts...``, its parent folder created."""
         p = self.out.joinpath(*parts)
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
 
     def rel(self, p: str | Path) -> str:
+        """``p`` relative to the output folder (how the page links it)."""
         return str(Path(p).resolve().relative_to(self.out.resolve()))
 
     def save_image(self, name: str, img: np.ndarray, scale: int = 1) -> str:
@@ -60,17 +62,20 @@ class DemoContext:
 
 # ---------------------------------------------------------------------------------------------- HTML
 def img_tag(src: str, caption: str = "", width: int = 160) -> str:
+    """An HTML ``<figure>`` showing the image ``src`` (pixelated when scaled up) with an optional caption."""
     cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return f'<figure><img src="{html.escape(src)}" width="{width}" style="image-rendering:pixelated">{cap}</figure>'
 
 
 def video_tag(src: str, caption: str = "", width: int = 256) -> str:
+    """An HTML ``<figure>`` playing the video ``src`` (looped, muted, autoplay) with an optional caption."""
     cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     return (f'<figure><video src="{html.escape(src)}" width="{width}" controls loop muted autoplay playsinline>'
             f"</video>{cap}</figure>")
 
 
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """An HTML table of ``rows`` (dicts), one column per name in ``columns`` (default: the first row's keys)."""
     if not rows:
         return "<p><em>none</em></p>"
     columns = columns or list(rows[0])

@@ -20,10 +20,12 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0 (the process that logs and writes)."""
         return self.rank == 0
 
     @property
     def enabled(self) -> bool:
+        """Whether more than one process takes part."""
         return self.world_size > 1
 
 
@@ -56,8 +58,10 @@ def init_distributed(device: torch.device, need_group: bool = False) -> DistInfo
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
-    """``trainer.strategy`` -> what runs: ``single``, ``ddp`` or ``fsdp`` (``auto`` / ``ddp`` with one process
-    run plainly; ``fsdp`` stays ``fsdp`` on any number of processes)."""
+    """``trainer.strategy`` -> what runs: ``single``, ``ddp`` or ``fsdp``.
+
+    ``auto`` / ``ddp`` with one process run plainly; ``fsdp`` stays ``fsdp`` on any number of processes.
+    """
     if strategy == "fsdp":
         return "fsdp"
     return "ddp" if world_size > 1 else "single"
@@ -78,6 +82,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
 
 
 def barrier() -> None:
+    """Wait for every rank (a no-op when not distributed)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
@@ -92,5 +97,6 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
 
 
 def cleanup() -> None:
+    """Destroy the process group, if one was initialised."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

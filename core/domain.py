@@ -71,6 +71,7 @@ def calibrate(directory: str | Path, load_split, sizes: dict[str, tuple[int, int
         sizes: ``{"train": (seed, n), "calibration": (seed, n), "heldout": (seed, n)}``; the train split is a
             sample of the training data, the other two unseen in-domain images.
         note: How the splits were made (recorded in the model card).
+        quantile: Quantile of the calibration split's distances that becomes the threshold.
     """
     splits = {name: load_split(name, seed, n) for name, (seed, n) in sizes.items()}
     ref, entry = fit(splits["train"], splits["calibration"], splits["heldout"], quantile)

@@ -52,6 +52,7 @@ class MetricsLogger:
             self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=resume_step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one ``{"step": step, **metrics}`` line (and the finite scalars to TensorBoard)."""
         if not self.enabled:
             return
         clean = {k: _scalar(v) for k, v in metrics.items()}
@@ -63,6 +64,7 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
+        """Flush and close TensorBoard (the JSONL file is closed after every line)."""
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()

@@ -65,8 +65,10 @@ def _lock(path: Path, wait: float = 0.0) -> Iterator[None]:
 
 @contextlib.contextmanager
 def lock_folder(path: str | Path, wait: float = 0.0) -> Iterator[Path]:
-    """Hold ``path``'s writer lock without claiming it (``embodied eval`` adds its report to a training folder:
-    it must not run while that folder is being trained, and two evaluations must not interleave).
+    """Hold ``path``'s writer lock without claiming it.
+
+    ``embodied eval`` adds its report to a training folder: it must not run while that folder is being trained,
+    and two evaluations must not interleave.
 
     ``wait``: seconds to wait for another holder to finish (a shared input that the first of several runs
     builds, e.g. a rendered dataset or a pretrained base) before refusing; 0 refuses at once.
@@ -173,9 +175,10 @@ def _plain(obj: Any) -> Any:
 
 
 def output_file(path: str | Path, suffix: str, overwrite: bool = False) -> Path:
-    """The single-file counterpart of ``claim_output`` (``embodied infer video|i2v --out FILE.mp4``): ``path``
-    must end in ``suffix`` and must not exist unless ``overwrite``; the command then writes it atomically
-    (e.g. ``core.data.video.write_mp4``), so a failure leaves no partial file.
+    """The single-file counterpart of ``claim_output`` (``embodied infer video|i2v --out FILE.mp4``).
+
+    ``path`` must end in ``suffix`` and must not exist unless ``overwrite``; the command then writes it
+    atomically (e.g. ``core.data.video.write_mp4``), so a failure leaves no partial file.
 
     Raises:
         ConfigError: One line naming ``--out`` and what is wrong.

@@ -179,8 +179,11 @@ def fsdp_units(model: nn.Module, wrap: Sequence[str] | None = None) -> list[nn.M
 
 
 def _optim_state_indexed(named: dict[str, Any]) -> dict[str, Any]:
-    """A full optimizer state dict keyed by parameter name (``torch.distributed.checkpoint``) -> the
-    ``Optimizer.state_dict()`` layout (parameters numbered in group order), which checkpoints store."""
+    """A full optimizer state dict keyed by parameter name -> the ``Optimizer.state_dict()`` layout.
+
+    The input is what ``torch.distributed.checkpoint`` gives; the output numbers parameters in group order, as
+    checkpoints store them.
+    """
     index: dict[str, int] = {}
     groups = []
     for g in named["param_groups"]:
@@ -190,8 +193,11 @@ def _optim_state_indexed(named: dict[str, Any]) -> dict[str, Any]:
 
 def _optim_state_named(indexed: dict[str, Any], model: nn.Module,
                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Inverse of ``_optim_state_indexed`` for ``optimizer`` over ``model`` (built by ``build_optimizer``,
-    whose parameter order is deterministic, so index ``i`` is the same parameter it was when saved)."""
+    """Inverse of ``_optim_state_indexed`` for ``optimizer`` over ``model``.
+
+    The optimizer is built by ``build_optimizer``, whose parameter order is deterministic, so index ``i`` is the
+    same parameter it was when saved.
+    """
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     try:
@@ -221,6 +227,7 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module, step: int | None = None) -> None:
+        """Move the average towards ``model``'s weights (warmed-up decay of ``step`` when given)."""
         decay = self.decay if step is None else self.decay_at(step)
         src = model.state_dict()
         for k, v in self.module.state_dict().items():
@@ -247,8 +254,10 @@ def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD over trainable parameters. Named groups from ``model.param_groups()`` get their
-    own lr; matrices get weight decay, biases and norm scales (1-d tensors) do not.
+    """AdamW / Adam / SGD over trainable parameters.
+
+    Named groups from ``model.param_groups()`` get their own lr; matrices get weight decay, biases and norm
+    scales (1-d tensors) do not.
 
     Raises:
         ConfigError: ``optim.param_group_lrs`` names an unknown group, a trainable parameter is in no group
@@ -413,8 +422,11 @@ class Trainer:
         fully_shard(self.step_module, mesh=mesh, mp_policy=root_mp)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's full weights. Under FSDP a collective (every rank calls it) that gathers them to CPU on
-        rank 0 and returns ``{}`` on the others; otherwise ``model.state_dict()``."""
+        """The model's full weights.
+
+        Under FSDP a collective (every rank calls it) that gathers them to CPU on rank 0 and returns ``{}`` on
+        the others; otherwise ``model.state_dict()``.
+        """
         if self.strategy != "fsdp":
             return self.model.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -458,6 +470,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        """The training state a checkpoint stores besides the weights (counters, optimizer, RNGs of every rank)."""
         rng = ckpt.capture_rng()
         if self.dist.enabled:
             gathered: list[Any] = [None] * self.dist.world_size
@@ -518,8 +531,10 @@ class Trainer:
                                 f"{self.dist.world_size} would change the data order")
 
     def _load_sharded(self, path: Path) -> dict[str, Any]:
-        """FSDP resume: rank 0 reads the full checkpoint and scatters weights and optimizer state to the shards;
-        every rank gets the rest of the training state (counters, scheduler, RNGs). Returns that rest."""
+        """FSDP resume: rank 0 reads the full checkpoint and scatters weights and optimizer state to the shards.
+
+        Every rank gets the rest of the training state (counters, scheduler, RNGs); that rest is returned.
+        """
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -614,7 +629,8 @@ class Trainer:
                             hook(self, self.step, last)
                 if self.step % cfg.ckpt_every == 0 or self.step == cfg.max_steps:
                     ckpt_path = self.save()
-                if stop.requested(self.dist.enabled, params[0].device if params else None):  # Ctrl-C / SIGTERM: keep this step's work, then stop
+                # Ctrl-C / SIGTERM: keep this step's work, then stop
+                if stop.requested(self.dist.enabled, params[0].device if params else None):
                     saved = ckpt_path if self.step % cfg.ckpt_every == 0 else self.save()
                     log.warning("%s at step %d: saved %s; run the same command to resume", stop.signal_name,
                                 self.step, saved)

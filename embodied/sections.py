@@ -13,6 +13,7 @@ from core.viz import colorize, normals_to_rgb
 
 
 def methods_section(ctx: DemoContext) -> DemoSection:
+    """The table of registered methods and their arms."""
     from embodied import methods
 
     rows = methods.status()
@@ -36,6 +37,7 @@ def _record(ctx: DemoContext, env_id: str, episodes: int, folder: str, image_siz
 
 
 def simulators_section(ctx: DemoContext) -> DemoSection:
+    """The simulators: the registered envs and recorded scripted-expert rollouts of a few of them."""
     import gymnasium as gym
 
     import sim
@@ -81,6 +83,7 @@ def simulators_section(ctx: DemoContext) -> DemoSection:
 
 
 def datasets_section(ctx: DemoContext) -> DemoSection:
+    """Samples of the datasets the scene renderers make for perception."""
     from core.data.images import read_depth, read_normals
 
     figs, parts = {}, []
@@ -141,6 +144,7 @@ def datasets_section(ctx: DemoContext) -> DemoSection:
 
 
 def loaders_section(ctx: DemoContext) -> DemoSection:
+    """The shared data loaders and device-side transforms on a rendered batch."""
     import torch
 
     from core.data.device import DeviceLoader, RandomHorizontalFlip

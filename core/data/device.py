@@ -109,6 +109,7 @@ class RandomCrop:
         self.keys = keys
 
     def __call__(self, batch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """The batch with its spatial keys cropped (offsets drawn from ``generator``)."""
         keys, hw = _spatial_keys(batch, self.keys)
         if not keys:
             return batch
@@ -156,6 +157,7 @@ class RandomHorizontalFlip:
         )
 
     def __call__(self, batch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """The batch with each sample flipped with probability ``p`` (draws from ``generator``)."""
         keys, _ = _spatial_keys(batch, self.keys)
         ref = next((batch[k] for k in (*keys, *self.action_keys) if k in batch), None)
         if ref is None:
@@ -200,6 +202,7 @@ class Normalize:
         self.mean, self.std, self.keys = list(mean), list(std), keys
 
     def __call__(self, batch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """The batch with its image keys normalised (``generator`` is unused: the transform is deterministic)."""
         keys = self.keys if self.keys is not None else [
             k for k in _image_keys(batch) if batch[k].shape[-3] == len(self.mean)
         ]  # fmt: skip

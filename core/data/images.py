@@ -295,9 +295,17 @@ class _FileSampleDataset(Dataset):
         bad: Sequence[DataError] = (),
         validate: bool = False,
     ):
-        """Args: ``samples`` (id, key -> file) found by the subclass; ``bad`` problems found while listing
-        them (raised, or counted in ``skipped`` / ``errors`` with ``on_error="skip"``); ``validate`` decodes
-        every sample once up front (always done in skip mode, so bad files are dropped before training)."""
+        """Hold the samples a subclass found.
+
+        Args:
+            samples: (id, key -> file) found by the subclass.
+            keys: The keys kept of each sample's files (None: all of them).
+            on_error: ``"raise"`` or ``"skip"`` (bad samples are dropped and counted).
+            bad: Problems found while listing them (raised, or counted in ``skipped`` / ``errors`` with
+                ``on_error="skip"``).
+            validate: Decode every sample once up front (always done in skip mode, so bad files are dropped
+                before training).
+        """
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error

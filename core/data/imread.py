@@ -99,8 +99,10 @@ def _from_pillow(im) -> np.ndarray:
 
 
 def _from_opencv(path: Path, alpha: bool) -> np.ndarray:
-    """Decode with OpenCV (``core.data.images.read_image``: RGB(A) order, bit depth kept); with ``alpha=False``
-    the EXIF orientation is applied by OpenCV and alpha dropped."""
+    """Decode with OpenCV (``core.data.images.read_image``: RGB(A) order, bit depth kept).
+
+    With ``alpha=False`` the EXIF orientation is applied by OpenCV and alpha dropped.
+    """
     import cv2
 
     from core.data.images import read_image as read_as_stored

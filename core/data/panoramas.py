@@ -212,6 +212,7 @@ class EquirectDataset(DenseImageDataset):
             )
 
     def decode(self, files: dict[str, Path]) -> dict[str, torch.Tensor]:
+        """One sample's tensors (the parent's decoding), refusing a panorama that is not 2:1."""
         out = super().decode(files)
         h, w = out["rgb"].shape[-2:] if "rgb" in out else next(iter(out.values())).shape[-2:]
         if w != 2 * h:
@@ -275,6 +276,7 @@ class Stanford2D3DDataset(_FileSampleDataset):
         return None
 
     def decode(self, files: dict[str, Path]) -> dict[str, torch.Tensor]:
+        """One panorama's ``rgb`` (3, H, W) uint8, ``depth`` (1, H, W) float32 m, ``semantic`` (H, W) int64."""
         out: dict[str, torch.Tensor] = {}
         if "rgb" in files:
             rgb = read_image(files["rgb"])[..., :3]

@@ -99,7 +99,7 @@ def grace_hopper_path() -> Path:
 
 
 def grace_hopper() -> np.ndarray:
-    """matplotlib's Grace Hopper photo: (600, 512, 3) uint8 RGB."""
+    """The Grace Hopper photo of matplotlib: (600, 512, 3) uint8 RGB."""
     return _read_rgb(grace_hopper_path())
 
 

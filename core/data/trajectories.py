@@ -396,7 +396,7 @@ class TrajectoryFile:
 
     @property
     def filter_keys(self) -> dict[str, list[str]]:
-        """robomimic filter keys: ``{"train": ["demo_0", ...], "valid": [...]}`` (``{}`` if none)."""
+        """The robomimic filter keys: ``{"train": ["demo_0", ...], "valid": [...]}`` (``{}`` if none)."""
         mask = self._file.get("mask")
         if not isinstance(mask, h5py.Group):
             return {}

@@ -135,9 +135,11 @@ def read_frames(
 
 
 def _read_clip(path: Path, start: int, count: int, fps: float, size: tuple[int, int]) -> np.ndarray:
-    """``read_frames(path, start, count, fps)`` for a video whose decoded (H, W) is known: the same ffmpeg
-    command line, so the same frames, without waiting for and parsing ffmpeg's header (a third of the time
-    of a short clip)."""
+    """``read_frames(path, start, count, fps)`` for a video whose decoded (H, W) is known.
+
+    The same ffmpeg command line, so the same frames, without waiting for and parsing ffmpeg's header (a third
+    of the time of a short clip).
+    """
     import imageio_ffmpeg
 
     seek = ["-ss", f"{(start - 0.5) / fps:.6f}"] if start > 0 else []
@@ -298,8 +300,10 @@ class VideoClipDataset(Dataset):
         span: int,
         stride: int,
     ) -> np.ndarray:
-        """Frames ``start, start + stride, ... < start + span`` of a frame folder (``files``) or a video
-        file (``fps``, decoded size ``hw``), decoded and resized to ``size``: (T, H, W, 3) uint8."""
+        """Frames ``start, start + stride, ... < start + span``, resized to ``size``: (T, H, W, 3) uint8.
+
+        From a frame folder (``files``) or a video file (``fps``, decoded size ``hw``).
+        """
         if files is not None:
             from core.data.images import read_image
 

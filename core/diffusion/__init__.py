@@ -1,6 +1,9 @@
-"""Shared diffusion machinery. ``flow_matching``: rectified-flow schedules, training targets, and ODE / SDE
-samplers with per-frame timesteps (``x_t = (1 - t) x0 + t noise``, velocity ``v = noise - x0``; see the module
-docstring of :mod:`core.diffusion.flow_matching` for the conventions)."""
+"""Shared diffusion machinery.
+
+``flow_matching``: rectified-flow schedules, training targets, and ODE / SDE samplers with per-frame timesteps
+(``x_t = (1 - t) x0 + t noise``, velocity ``v = noise - x0``; see the module docstring of
+:mod:`core.diffusion.flow_matching` for the conventions).
+"""
 
 from core.diffusion.flow_matching import (
     FlowMatchScheduler,

@@ -1,8 +1,10 @@
-"""Shared neural-network layers: attention (self / cross, ``F.scaled_dot_product_attention``), MLP,
-pre-norm transformer blocks, LoRA adapters (Hugging Face ``peft``, imported on first use), diffusion-transformer
-pieces (``dit``: adaLN-Zero block with per-token conditioning, rotary positions, timestep embedder), a rolling
-``KVCache`` and AutoencoderKL helpers (``vae``, diffusers imported on first use). Every layer takes ``device`` /
-``dtype`` (timm habit)."""
+"""Shared neural-network layers.
+
+Attention (self / cross, ``F.scaled_dot_product_attention``), MLP, pre-norm transformer blocks, LoRA adapters
+(Hugging Face ``peft``, imported on first use), diffusion-transformer pieces (``dit``: adaLN-Zero block with
+per-token conditioning, rotary positions, timestep embedder), a rolling ``KVCache`` and AutoencoderKL helpers
+(``vae``, diffusers imported on first use). Every layer takes ``device`` / ``dtype`` (timm habit).
+"""
 
 from core.layers.attention import Attention
 from core.layers.blocks import TransformerBlock

@@ -59,10 +59,12 @@ class EfficientNetTokens(nn.Module):
         self.eval()
 
     def train(self, mode: bool = True) -> EfficientNetTokens:
+        """Always stays in eval mode (frozen BatchNorm statistics)."""
         return super().train(False)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) images in [-1, 1] -> (B, h * w, C) tokens: the stage's feature map, row-major cells."""
         if x.ndim != 4 or x.shape[1] != 3:
             raise ValueError(f"expected (B, 3, H, W) images in [-1, 1], got shape {tuple(x.shape)}")
         if self.image_size is not None and tuple(x.shape[-2:]) != (self.image_size, self.image_size):

@@ -61,6 +61,7 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(frequency_dim, dim, **kw), nn.SiLU(), nn.Linear(dim, dim, **kw))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """Timesteps (...,) -> embeddings (..., dim)."""
         emb = timestep_embedding(t, self.frequency_dim).to(self.mlp[0].weight.dtype)
         return self.mlp(emb)
 
@@ -118,6 +119,7 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope_q: tu
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The adaLN modulation ``x * (1 + scale) + shift`` (all broadcast to (B, N, D))."""
     return x * (1 + scale) + shift
 
 
@@ -145,12 +147,14 @@ class DiTBlock(nn.Module):
         self.proj = nn.Linear(dim, dim, **kw)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=eps, **kw)
         hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden, **kw), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim, **kw))
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden, **kw), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, dim, **kw))
         self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, **kw))
         nn.init.zeros_(self.adaLN[1].weight)
         nn.init.zeros_(self.adaLN[1].bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """Tokens (B, N, D) conditioned per token on ``c`` (B, N, D) -> (B, N, D); ``attend(q, k, v)`` attends."""
         b, n, d = x.shape
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(c).chunk(6, dim=-1)
         h = modulate(self.norm1(x), shift1, scale1)
@@ -174,5 +178,6 @@ class FinalLayer(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, D) conditioned on ``c`` (B, N, D) -> (B, N, out_dim)."""
         shift, scale = self.adaLN(c).chunk(2, dim=-1)
         return self.linear(modulate(self.norm(x), shift, scale))

@@ -36,6 +36,7 @@ class KVCache:
 
     @property
     def num_tokens(self) -> int:
+        """Number of cached tokens (over all frames)."""
         return 0 if self.token_frames is None else int(self.token_frames.numel())
 
     def frames(self) -> list[int]:
@@ -50,8 +51,10 @@ class KVCache:
 
     def extend(self, keys: list[torch.Tensor], values: list[torch.Tensor], token_frames: torch.Tensor,
                positions: torch.Tensor) -> None:
-        """Append new tokens: per-layer ``keys`` / ``values`` (B, h, n, d), ``token_frames`` (n,), ``positions``
-        (n, P). Frames already in the cache may not be added again (``drop_frames`` them first)."""
+        """Append new tokens: per-layer ``keys`` / ``values`` (B, h, n, d), ``token_frames`` (n,), ``positions`` (n, P).
+
+        Frames already in the cache may not be added again (``drop_frames`` them first).
+        """
         if len(keys) != self.num_layers or len(values) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} layers of keys / values, got {len(keys)} / {len(values)}")
         n = keys[0].shape[2]
@@ -64,7 +67,8 @@ class KVCache:
             self.keys[i] = keys[i] if self.keys[i] is None else torch.cat([self.keys[i], keys[i]], dim=2)
             self.values[i] = values[i] if self.values[i] is None else torch.cat([self.values[i], values[i]], dim=2)
         tf, pos = token_frames.to(torch.long), positions
-        self.token_frames = tf if self.token_frames is None else torch.cat([self.token_frames, tf.to(self.token_frames.device)])
+        self.token_frames = (tf if self.token_frames is None
+                             else torch.cat([self.token_frames, tf.to(self.token_frames.device)]))
         self.positions = pos if self.positions is None else torch.cat([self.positions, pos.to(self.positions.device)])
 
     def _keep(self, keep: torch.Tensor) -> None:
@@ -96,6 +100,7 @@ class KVCache:
         self._keep(torch.isin(self.token_frames, torch.tensor(keep_frames, device=self.token_frames.device)))
 
     def clear(self) -> None:
+        """Drop every cached token."""
         self.keys = [None] * self.num_layers
         self.values = [None] * self.num_layers
         self.token_frames = self.positions = None

@@ -1,5 +1,7 @@
-"""Image auto-encoders for latent diffusion: a diffusers ``AutoencoderKL`` built from sizes or a local folder,
-weight loading from a diffusers folder or a project checkpoint, and a training wrapper for the core Trainer.
+"""Image auto-encoders for latent diffusion.
+
+A diffusers ``AutoencoderKL`` built from sizes or a local folder, weight loading from a diffusers folder or a
+project checkpoint, and a training wrapper for the core Trainer.
 
 At tiny scale nothing pretrained is installed (no SD / TAESD VAE, see ENV.md), so methods train the VAE here
 as stage 1 (``AutoencoderTrainer``); at paper scale ``path`` points at a real diffusers VAE folder and the
@@ -51,9 +53,11 @@ def build_autoencoder_kl(block_out_channels: Sequence[int] = (32, 64, 64), laten
 
 
 def load_autoencoder_weights(vae: nn.Module, path: str | Path, prefix: str = "vae.") -> float | None:
-    """Load ``vae`` from a diffusers folder (``config.json`` + ``diffusion_pytorch_model.safetensors``) or from
-    a project checkpoint / run directory whose ``model.safetensors`` holds ``<prefix>*`` keys (a stage-1 run, or
-    a whole model that contains the VAE). Every key and shape must match (``CheckpointError`` names them).
+    """Load ``vae`` from a diffusers folder or from a project checkpoint / run directory.
+
+    A diffusers folder holds ``config.json`` + ``diffusion_pytorch_model.safetensors``; a checkpoint's
+    ``model.safetensors`` holds ``<prefix>*`` keys (a stage-1 run, or a whole model that contains the VAE).
+    Every key and shape must match (``CheckpointError`` names them).
 
     Returns:
         The latent scale the source states: a diffusers folder's ``scaling_factor``; a checkpoint's scalar
@@ -106,6 +110,7 @@ class AutoencoderTrainer(nn.Module):
         self.vae, self.key, self.kl_weight, self.sample_posterior = vae, key, kl_weight, sample_posterior
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The loss (L1 reconstruction + ``kl_weight`` KL) of one batch, with its terms for logging."""
         x = batch[self.key]
         x = to_signed_unit(x.reshape(-1, *x.shape[-3:]))
         post = self.vae.encode(x).latent_dist

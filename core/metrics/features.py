@@ -146,6 +146,7 @@ class FeatureNetwork(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device the network's weights are on."""
         return next(self.model.parameters()).device
 
     @property
@@ -164,8 +165,10 @@ class FeatureNetwork(nn.Module):
         return torch.cat([self._prep(img[None]) for img in images])
 
     def resize(self, images: Images) -> torch.Tensor:
-        """Images -> (B, 3, 224, 224) float32 in [0, 1] on the network's device (the input before
-        normalising); ``features`` of the result equal ``features`` of ``images``."""
+        """Images -> (B, 3, 224, 224) float32 in [0, 1] on the network's device (the input before normalising).
+
+        ``features`` of the result equal ``features`` of ``images``.
+        """
         if isinstance(images, torch.Tensor):
             if images.ndim != 4 or images.shape[1] != 3:
                 raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}")
@@ -205,6 +208,7 @@ class FeatureNetwork(nn.Module):
         return torch.cat([self.model(x) for x in self._batches(images, batch_size)]).float()
 
     def forward(self, images: Images) -> torch.Tensor:
+        """``features(images)``."""
         return self.features(images)
 
 
@@ -250,8 +254,9 @@ def _features(x: torch.Tensor | np.ndarray, name: str) -> torch.Tensor:
 
 
 def fid_metric(network: nn.Module | None = None, **kwargs: Any):
-    """torchmetrics' ``FrechetInceptionDistance`` with ``network`` (default: the cached ``FeatureNetwork``) as
-    its feature extractor, on the network's device: FD-EffNet as a streaming ``Metric``.
+    """FD-EffNet as a streaming ``Metric``: torchmetrics' ``FrechetInceptionDistance`` on ``network``.
+
+    ``network`` (default: the cached ``FeatureNetwork``) is its feature extractor, on the network's device.
 
     ``metric.update(images, real=True / False)`` takes (B, 3, H, W) uint8 or float in [0, 1] (any size;
     ``FeatureNetwork.resize`` batches a list of differently sized images); ``metric.compute()`` returns the
@@ -291,8 +296,9 @@ def frechet_distance(feats_a: torch.Tensor | np.ndarray, feats_b: torch.Tensor |
 def fd_effnet(
     images_a: Images, images_b: Images, network: FeatureNetwork | None = None, batch_size: int = 64
 ) -> float:
-    """FD-EffNet of two image sets (>= 2 each): torchmetrics' FID with the EfficientNet-Lite0 plugged in
-    (``fid_metric``), clipped at 0.
+    """FD-EffNet of two image sets (>= 2 each), clipped at 0.
+
+    Torchmetrics' FID with the EfficientNet-Lite0 plugged in (``fid_metric``).
 
     Not comparable to published FID (see the module docstring).
     """
