@@ -18,17 +18,27 @@ Per episode ``data/demo_<i>`` (``i`` = episode index, env seed = config seed + i
     attrs: embodiment, task, family, action_space (dict), success (bool), seed, failure (str, "" if
            none), language_instruction
 Every file is published atomically (temp file + rename).
+
+``ensure_recorded(path, spec, record)`` is the one "record the dataset if it is missing" of the workspace: it
+records ``path`` once (under a lock, so concurrent callers record it once), keeps the settings it was recorded
+with in ``<path>.spec.json`` beside it, and refuses to reuse data recorded with other settings.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.io import write_json
+from core.errors import DataError
+from core.io import read_json, write_json
 from sim.api import INFO_EEF_DELTA
 from sim.rollout import Episode, PolicyFactory, RolloutConfig, RolloutResult, check_env_id, rollout
 
@@ -181,3 +191,165 @@ def record_rollout(config: RolloutConfig, out: str | Path, video: bool = True, f
     write_json(out / "summary.json", summary)  # file names relative to the folder: it may be moved (staged)
     result.summary = {**summary, "hdf5": str(rec.path), "videos": [str(p) for p in rec.video_paths]}
     return result
+
+
+# ------------------------------------------------------------------------------------ record if missing
+SPEC_SUFFIX = ".spec.json"
+_STAGING = ".recording-"  # staging folders: .<name>.recording-<pid>-<random>
+
+
+def spec_path(path: str | os.PathLike) -> Path:
+    """Where ``ensure_recorded`` keeps the spec of ``path``: ``<path>.spec.json`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + SPEC_SUFFIX)
+
+
+def recorded_spec(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The spec ``path`` was recorded with by ``ensure_recorded``; None when it has none (e.g. a user's data).
+
+    Raises:
+        DataError: The spec file exists but is not a JSON object of the expected layout.
+    """
+    file = spec_path(path)
+    if not file.is_file():
+        return None
+    try:
+        stored = read_json(file)
+    except ValueError as e:
+        raise DataError(file, f"unreadable ({e}); delete it and {Path(path).name} to record again") from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("spec"), dict):
+        raise DataError(file, "not a recording spec (expected {\"spec\": {...}})")
+    return stored["spec"]
+
+
+def ensure_recorded(
+    path: str | os.PathLike,
+    spec: dict[str, Any],
+    record: Callable[[Path], str | os.PathLike | None],
+    *,
+    check_unrecorded: Callable[[Path], None] | None = None,
+    hint: str | None = None,
+    wait: float = 3600.0,
+) -> bool:
+    """Make sure ``path`` (a data file or folder) holds the data ``spec`` describes, recording it when missing.
+
+    * ``path`` missing: ``record(staging)`` records into ``staging``, an empty hidden folder beside ``path``,
+      and returns the file or folder inside it that is the data (None: ``staging`` itself is). The spec is
+      written (``<path>.spec.json``, atomically) and then the data is renamed onto ``path``, so the data
+      appears only when complete and never without its spec: a recording killed halfway leaves only a
+      hidden staging folder, which the next call removes before recording again.
+    * ``path`` exists with a spec: reused when the spec equals ``spec`` (compared as JSON), else refused.
+    * ``path`` exists without a spec (data a user brought, or recorded before specs were kept): reused as it
+      is, after ``check_unrecorded(path)`` (which raises to refuse it) when given. Nothing is written there.
+
+    Concurrent callers (processes or threads) are safe: one records under the lock of ``path``
+    (``core.outputs.lock_folder``), the others wait up to ``wait`` seconds and then reuse its data.
+
+    Args:
+        path: The data file or folder.
+        spec: JSON-serialisable settings that determine the data (env id, episodes, seeds, image size, ...).
+        record: Records the data into the folder it is given; returns the data's path inside it (or None).
+        check_unrecorded: Validates existing data that has no spec.
+        hint: How to fix a mismatch, ending the error (default: use a new path, or delete the data).
+        wait: Seconds to wait for another process that is recording ``path``.
+
+    Returns:
+        True when the data was recorded by this call, False when existing data was reused.
+
+    Raises:
+        DataError: ``path`` was recorded with another spec (the message names the differing keys), or
+            ``record`` produced nothing.
+    """
+    from core.outputs import lock_folder
+
+    path = Path(path).absolute()
+    want = _plain(spec)
+    with lock_folder(path.with_name(path.name + ".recording"), wait=wait):
+        if path.exists():
+            _check_spec(path, want, check_unrecorded, hint)
+            return False
+        for stale in path.parent.glob(f".{path.name}{_STAGING}*"):  # left by a killed recording
+            pid = stale.name[len(f".{path.name}{_STAGING}"):].split("-", 1)[0]
+            if not (pid.isdigit() and _pid_alive(int(pid))):
+                shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}{_STAGING}{os.getpid()}-", dir=path.parent))
+        try:
+            produced = record(staging)
+            data = staging if produced is None else Path(produced)
+            if not data.exists() or (data != staging and staging not in data.absolute().parents):
+                raise DataError(path, f"recording produced no data at {data} (expected inside {staging})")
+            if data.is_dir():
+                _fsync(data)
+            write_json(spec_path(path), {"spec": want, "data": path.name})
+            if path.exists():  # recorded meanwhile by a caller that did not share our lock
+                _check_spec(path, want, check_unrecorded, hint)
+                return False
+            os.replace(data, path)
+            _fsync(path.parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
+def _check_spec(path: Path, want: dict[str, Any], check_unrecorded: Callable[[Path], None] | None,
+                hint: str | None) -> None:
+    """Refuse existing data at ``path`` recorded with another spec than ``want`` (see ``ensure_recorded``)."""
+    have = recorded_spec(path)
+    if have is None:
+        if check_unrecorded is not None:
+            check_unrecorded(path)
+        return
+    if have == want:
+        return
+    missing = object()
+    diffs = []
+    for key in sorted(set(have) | set(want)):
+        a, b = have.get(key, missing), want.get(key, missing)
+        if a != b:
+            diffs.append(f"{key} {_short(a, missing)} (asked {_short(b, missing)})")
+    fix = hint or f"use a new path, or delete it and {spec_path(path).name} to record it again"
+    raise DataError(path, f"recorded with other settings: {', '.join(diffs)}; {fix}")
+
+
+def _short(value: Any, missing: object, limit: int = 40) -> str:
+    text = "unset" if value is missing else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plain(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` as JSON round-trips it (tuples -> lists, paths -> str, numpy scalars -> numbers)."""
+    if not isinstance(spec, dict):
+        raise TypeError(f"spec must be a dict, got {type(spec).__name__}")
+
+    def default(o: Any) -> Any:
+        if isinstance(o, os.PathLike):
+            return os.fspath(o)
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        raise TypeError(f"spec value not JSON serialisable: {type(o).__name__}")
+
+    return json.loads(json.dumps(spec, sort_keys=True, default=default))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync(path: Path) -> None:
+    """fsync a folder's entries (best effort: some filesystems refuse it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -9,6 +9,7 @@ Layout written by ``make_driving_dataset(out, split=...)``::
 
     out/<split>/meta.json                                split, scenarios, seeds, counts, image size ...
     out/<split>/<scenario>/embodied_Drive-<Scenario>-v0.hdf5    one file per scenario (``sim.recorder``)
+    out/<split>/<scenario>/embodied_Drive-<Scenario>-v0.hdf5.spec.json    the settings it was recorded with
     out/<split>/<scenario>/summary.json, config.json
 
 Each ``data/demo_<i>`` holds the recorder's fields (``obs/<key>`` and ``next_obs/<key>`` for ``image``
@@ -208,41 +209,47 @@ def scenario_file(root: str | Path, scenario: str) -> Path:
     return Path(root) / scenario / f"{sanitize_env_id(SCENARIOS[scenario].env_id)}.hdf5"
 
 
-def _complete(path: Path, seeds: list[int], env_kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """The counts of ``path`` when it already holds exactly these episodes and env options, else None."""
+def _counts(path: Path) -> dict[str, Any]:
+    """Episode / step counts and per-episode success of a recorded scenario file."""
     from core.data.trajectories import TrajectoryFile
 
-    if not path.exists():
-        return None
-    try:
-        with TrajectoryFile(path) as f:
-            if f.env_meta.get("env_kwargs") != env_kwargs:
-                return None
-            if [f.attrs(e).get("seed") for e in f.episodes] != seeds:
-                return None
-            keys = set(f.obs_keys(f.episodes[0]))
-            if not set(LABEL_KEYS) <= keys:
-                return None
-            return {
-                "episodes": len(f.episodes),
-                "steps": sum(f.num_samples(e) for e in f.episodes),
-                "success": [bool(f.attrs(e).get("success")) for e in f.episodes],
-            }
-    except DataError:
-        return None
+    with TrajectoryFile(path) as f:
+        return {
+            "episodes": len(f.episodes),
+            "steps": sum(f.num_samples(e) for e in f.episodes),
+            "success": [bool(f.attrs(e).get("success")) for e in f.episodes],
+        }
+
+
+def _check_unrecorded(path: Path, seeds: list[int], env_kwargs: dict[str, Any]) -> None:
+    """Refuse a scenario file without a recording spec unless it holds exactly these episodes, options and labels.
+
+    Raises:
+        DataError: It holds other seeds, env options or no labels.
+    """
+    from core.data.trajectories import TrajectoryFile
+
+    with TrajectoryFile(path) as f:
+        found = {
+            "env_kwargs": f.env_meta.get("env_kwargs"),
+            "seeds": [f.attrs(e).get("seed") for e in f.episodes],
+            "labels": set(LABEL_KEYS) <= set(f.obs_keys(f.episodes[0])) if f.episodes else False,
+        }
+    want = {"env_kwargs": env_kwargs, "seeds": seeds, "labels": True}
+    diff = sorted(k for k in want if found[k] != want[k])
+    if diff:
+        raise DataError(path, f"recorded with other {', '.join(diff)}; use a new --out, or delete it to record it "
+                              "again")
 
 
 def _build_scenario(root: str, scenario: str, seeds: list[int], env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Record the expert in one scenario (skipped when its file is already complete); returns its counts."""
+    """Record the expert in one scenario (reused when its file was recorded with these settings); its counts."""
     from core.io import write_json
     from sim.driving.registration import SCENARIOS
-    from sim.recorder import EpisodeRecorder, env_metadata
+    from sim.recorder import EpisodeRecorder, ensure_recorded, env_metadata
     from sim.rollout import RolloutConfig, rollout
 
     path = scenario_file(root, scenario)
-    done = _complete(path, seeds, env_kwargs)
-    if done is not None:
-        return {**done, "skipped": True, "wall_s": 0.0}
     env_id = SCENARIOS[scenario].env_id
     cfg = RolloutConfig(
         env_id=env_id,
@@ -253,24 +260,25 @@ def _build_scenario(root: str, scenario: str, seeds: list[int], env_kwargs: dict
         env_kwargs=env_kwargs,
         progress=False,
     )
-    log: dict[int, list] = {}
-    factory = functools.partial(_LabellingExpert, log=log)
-    metadata = env_metadata(env_id, env_kwargs)
+    spec = {"env_id": env_id, "seeds": seeds, "env_kwargs": env_kwargs, "policy": cfg.policy, "noise": cfg.noise,
+            "labels": list(LABEL_KEYS)}
+
+    def record(staging: Path) -> Path:
+        log: dict[int, list] = {}
+        factory = functools.partial(_LabellingExpert, log=log)
+        metadata = env_metadata(env_id, env_kwargs)
+        with EpisodeRecorder(staging, env_id, metadata, env_kwargs, video=False) as rec:
+            result = rollout(
+                cfg, policy=factory, on_episode=lambda ep: rec.add(_with_labels(ep, log.pop(ep.seed)))
+            )
+        write_json(path.parent / "config.json", {**cfg.to_dict(), "video": False, "labels": list(LABEL_KEYS)})
+        write_json(path.parent / "summary.json", {**result.summary, "hdf5": path.name})
+        return rec.path
+
     start = time.perf_counter()
-    with EpisodeRecorder(path.parent, env_id, metadata, env_kwargs, video=False) as rec:
-        result = rollout(
-            cfg, policy=factory, on_episode=lambda ep: rec.add(_with_labels(ep, log.pop(ep.seed)))
-        )
-    wall = time.perf_counter() - start
-    write_json(path.parent / "config.json", {**cfg.to_dict(), "video": False, "labels": list(LABEL_KEYS)})
-    write_json(path.parent / "summary.json", {**result.summary, "hdf5": path.name})
-    return {
-        "episodes": len(result.episodes),
-        "steps": int(sum(len(e) for e in result.episodes)),
-        "success": [e.solved for e in result.episodes],
-        "skipped": False,
-        "wall_s": wall,
-    }
+    recorded = ensure_recorded(path, spec, record, hint="use a new --out, or delete it to record it again",
+                               check_unrecorded=lambda p: _check_unrecorded(p, seeds, env_kwargs))
+    return {**_counts(path), "skipped": not recorded, "wall_s": time.perf_counter() - start if recorded else 0.0}
 
 
 def make_driving_dataset(
@@ -285,9 +293,9 @@ def make_driving_dataset(
 ) -> Path:
     """Record the privileged expert in each scenario into ``out/<split>`` (layout in the module docstring).
 
-    Deterministic given the arguments. A scenario whose file already holds exactly the requested episodes
-    (same seeds and env options) is skipped, so an interrupted build resumes; files and ``meta.json`` are
-    published atomically.
+    Deterministic given the arguments. A scenario file is recorded once (``sim.recorder.ensure_recorded``:
+    its settings are kept in ``<file>.spec.json``), so an interrupted build resumes; a file recorded with
+    other settings (seeds, env options) is refused. Files and ``meta.json`` are published atomically.
 
     Args:
         out: Dataset root.

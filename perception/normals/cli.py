@@ -2,8 +2,9 @@
 
 For each image ``<stem>``: ``<out>/<stem>_normals.png`` (colour-coded, RGB = (n + 1) / 2 * 255) and
 ``<out>/<stem>_normals.npy`` ((H, W, 3) float32 unit normals, OpenCV camera frame: x right, y down,
-z forward), at the input's size. Folders are searched (not recursively) for images. A video (.mp4)
-gives ``<stem>_normals.mp4`` (colour-coded) and ``<stem>_normals.npy`` ((T, H, W, 3) float16).
+z forward), at the input's size. Folders are walked (recursively, sorted) for images and videos; two inputs of
+the same stem are refused. A video (``core.data.video.VIDEO_EXTS``: .mp4, .mov, .avi, .mkv, .webm) gives
+``<stem>_normals.mp4`` (colour-coded) and ``<stem>_normals.npy`` ((T, H, W, 3) float16).
 ``--pointcloud`` with ``--depth`` (z-depth in metres: .npy, .exr or 16-bit PNG in mm) writes
 ``<stem>.ply``: an oriented, coloured point cloud (camera frame, metres), back-projected with the
 intrinsics of the embodied-dense ``meta.json`` the image sits under, else a pinhole with a 45 degree
@@ -25,8 +26,6 @@ from core.viz import normals_to_rgb
 
 log = get_logger("embodied.transnormal")
 
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif")
-VIDEO_EXTS = (".mp4", ".mov", ".avi", ".mkv")
 DEFAULT_CHECKPOINT = asset("checkpoints", "transnormal")
 DEFAULT_FOV_DEG = 45.0
 
@@ -41,22 +40,16 @@ def inference_device() -> dict:
 
 
 def collect_inputs(inputs: list[str]) -> list[Path]:
-    """Expand folders into their images / videos (sorted); every path must exist."""
-    files: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTS + VIDEO_EXTS)
-            if not found:
-                raise DataError(p, "folder holds no images or videos")
-            files += found
-        elif p.is_file():
-            if p.suffix.lower() not in IMAGE_EXTS + VIDEO_EXTS:
-                raise DataError(p, f"not an image or video (expected one of {', '.join(IMAGE_EXTS + VIDEO_EXTS)})")
-            files.append(p)
-        else:
-            raise DataError(p, "no such file or folder")
-    return files
+    """The images / videos to run on: files as given, folders walked (``core.data.inputs.expand_inputs``).
+
+    Raises:
+        DataError: A path does not exist, a folder holds no image or video, or two inputs share a stem (both
+            would write ``<stem>_normals.*``).
+    """
+    from core.data.inputs import IMAGE_EXTS, expand_inputs
+    from core.data.video import VIDEO_EXTS
+
+    return expand_inputs(inputs, IMAGE_EXTS + VIDEO_EXTS, unique_stems=True)
 
 
 def intrinsics_for(image: Path, width: int, height: int) -> tuple[float, float, float, float]:
@@ -116,14 +109,14 @@ def infer(args) -> int:
     if getattr(args, "pointcloud", False):
         if depth_path is None:
             raise DataError("--pointcloud", "needs --depth (a z-depth map in metres for the image)")
-        if len(files) != 1 or files[0].suffix.lower() in VIDEO_EXTS:
+        if len(files) != 1 or _is_video(files[0]):
             raise DataError("--pointcloud", "works on exactly one image (the one --depth belongs to)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named (we may write a staged one)
     pipe = TransNormalPipeline.from_pretrained(args.checkpoint or DEFAULT_CHECKPOINT, **inference_device())
     for f in files:
-        if f.suffix.lower() in VIDEO_EXTS:
+        if _is_video(f):
             _infer_video(pipe, f, out)
             print(shown / f"{f.stem}_normals.mp4")
             continue
@@ -140,6 +133,13 @@ def infer(args) -> int:
             log.info("%s: %d oriented points", out / f"{f.stem}.ply", count)
         print(shown / f"{f.stem}_normals.png")
     return 0
+
+
+def _is_video(path: Path) -> bool:
+    """Whether ``path`` goes to the video pipeline (by suffix, ``core.data.video.VIDEO_EXTS``)."""
+    from core.data.video import VIDEO_EXTS
+
+    return path.suffix.lower() in VIDEO_EXTS
 
 
 def _infer_video(pipe, path: Path, out: Path) -> None:

@@ -1,8 +1,8 @@
 """``embodied infer depth360 PANO... --out DIR``: 360 depth + semantics for equirectangular panoramas.
 
-Inputs are image files or folders of images (PNG / JPEG), each a 2:1 equirectangular panorama in the
-``core.data.panoramas`` convention. Per input ``<stem>`` it writes into ``DIR``:
-``<stem>_depth.npy`` (H, W) float32 Euclidean range in metres, ``<stem>_depth.png`` (colour-mapped),
+Inputs are image files or folders (walked recursively for images and .exr / .hdr files; two inputs of the same
+stem are refused), each a 2:1 equirectangular panorama in the ``core.data.panoramas`` convention. Per input
+``<stem>`` it writes into ``DIR``: ``<stem>_depth.npy`` (H, W) float32 Euclidean range in metres, ``<stem>_depth.png`` (colour-mapped),
 ``<stem>_semantic.npy`` (H, W) uint8 class ids, ``<stem>_semantic.png`` (palette), and one
 ``predictions.json`` with the classes and the checkpoint used. The checkpoint is the shipped one
 (``assets/checkpoints/sola``) unless ``--checkpoint`` names another (a checkpoint or run directory).
@@ -18,7 +18,6 @@ from core.errors import DataError
 from core.resources import asset
 
 DEFAULT_CHECKPOINT = asset("checkpoints", "sola")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".exr", ".hdr")
 HDR_SUFFIXES = (".exr", ".hdr")
 
 
@@ -31,17 +30,10 @@ def palette(n: int) -> np.ndarray:
 
 
 def _inputs(paths: list[str]) -> list[Path]:
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise DataError(p, "no such file or folder")
-    if not files:
-        raise DataError(paths[0], "no panorama images found")
-    return files
+    """The panoramas to run on: files as given, folders walked (``core.data.inputs.expand_inputs``)."""
+    from core.data.inputs import IMAGE_EXTS, expand_inputs
+
+    return expand_inputs(paths, IMAGE_EXTS + HDR_SUFFIXES, unique_stems=True)
 
 
 def read_panorama(path: Path) -> np.ndarray:

@@ -32,27 +32,36 @@ log = get_logger("embodied.bc")
 
 
 def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
-    """The data files, recording them with the simulator first when missing and ``data.record`` allows."""
+    """The data files, recording a missing one with the simulator first when ``data.record`` allows.
+
+    Recording goes through ``sim.recorder.ensure_recorded``: the file is recorded once (concurrent runs wait
+    for it), its ``data.record`` settings are kept beside it, and a file recorded with other settings is refused.
+    Files nobody recorded here (no spec beside them) are used as they are.
+    """
     paths = [Path(p) for p in data.paths]
     if not paths:
         raise DataError("data.paths", "no trajectory files configured")
     missing = [p for p in paths if not p.exists()]
-    if not missing:
-        return paths
     rec: RecordConfig = data.record
-    if rec.episodes < 1 or rec.env_id is None or len(missing) > 1:
-        raise DataError(missing[0], "no such file (set data.record.env_id and data.record.episodes to record it)")
-    from sim.recorder import record_rollout
+    if rec.episodes < 1 or rec.env_id is None:
+        if missing:
+            raise DataError(missing[0], "no such file (set data.record.env_id and data.record.episodes to record it)")
+        return paths
+    if len(missing) > 1:
+        raise DataError(missing[1], "no such file (data.record records one missing file at a time)")
+    from sim.recorder import ensure_recorded, record_rollout
     from sim.rollout import RolloutConfig
 
-    target = missing[0]
-    log.info("recording %d %s episodes of %s into %s", rec.episodes, rec.policy, rec.env_id, target)
     cfg = RolloutConfig(env_id=rec.env_id, episodes=rec.episodes, seed=rec.seed, policy=rec.policy,
                         noise=rec.noise, env_kwargs=rec.env_kwargs())
-    result = record_rollout(cfg, target.parent, video=False)
-    produced = Path(result.summary["hdf5"])
-    if produced.resolve() != target.resolve():
-        produced.replace(target)
+    spec = {k: v for k, v in cfg.to_dict().items() if k not in ("num_envs", "vectorization", "progress")}
+
+    def record(staging: Path) -> Path:
+        log.info("recording %d %s episodes of %s into %s", rec.episodes, rec.policy, rec.env_id, missing[0])
+        return Path(record_rollout(cfg, staging, video=False).summary["hdf5"])
+
+    for p in paths:
+        ensure_recorded(p, spec, record, hint="set a new data.paths entry, or delete it to record it again")
     return paths
 
 

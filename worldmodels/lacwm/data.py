@@ -4,7 +4,8 @@ Recording (``record_suite``) rolls out the manipulation suite (and optionally LI
 ``sim.recorder.record_rollout`` with ``ExplorationPolicy``: even episodes follow the scripted expert with
 action noise and short random detours, odd episodes are smooth random exploration (an Ornstein-Uhlenbeck
 walk in the normalised action box) for coverage of the action space. One HDF5 file per (task,
-embodiment) lands in ``<root>/<split>/``; files that exist are kept (a cache).
+embodiment) lands in ``<root>/<split>/``, recorded once through ``sim.recorder.ensure_recorded`` (the spec is
+kept in ``<file>.spec.json``; an existing file of other settings is refused, never reused).
 
 Training windows (``TransitionDataset``) wrap ``core.data.trajectories.TrajectoryDataset`` and give, for
 an anchor step ``t`` and ``K = context`` transitions of ``skip`` control steps each:
@@ -111,22 +112,31 @@ class RecordSpec:
 
 
 def record_file(spec: RecordSpec, out_dir: str | Path) -> Path:
-    """Record ``spec`` into ``out_dir/<env id>.hdf5`` unless that file exists; return the path."""
-    from sim.recorder import record_rollout, sanitize_env_id
+    """Record ``spec`` into ``out_dir/<env id>.hdf5`` unless that file exists; return the path.
+
+    Raises:
+        DataError: The file was recorded with another spec (set a new ``data.root``).
+        ConfigError: The file has no spec (recorded before specs were kept) and ``check_cached`` refuses it.
+    """
+    import dataclasses
+
+    from sim.recorder import ensure_recorded, record_rollout, sanitize_env_id
     from sim.rollout import RolloutConfig
 
-    out_dir = Path(out_dir)
-    path = out_dir / f"{sanitize_env_id(spec.env_id)}.hdf5"
-    if path.exists():
-        check_cached(spec, path)
-        return path
+    path = Path(out_dir) / f"{sanitize_env_id(spec.env_id)}.hdf5"
     cfg = RolloutConfig(env_id=spec.env_id, episodes=spec.episodes, seed=spec.seed, policy="scripted",
                         noise=spec.noise, env_kwargs=spec.env_kwargs,
                         max_episode_steps=spec.max_steps, progress=False)
     factory = functools.partial(exploration_policy, noise=spec.noise, explore_every=spec.explore_every)
-    result = record_rollout(cfg, out_dir, video=False, policy=factory)
-    log.info("recorded %s: %d episodes, %.1f steps/s", spec.env_id, spec.episodes, result.summary["steps_per_s"])
-    return Path(result.summary["hdf5"])
+
+    def record(staging: Path) -> Path:
+        result = record_rollout(cfg, staging, video=False, policy=factory)
+        log.info("recorded %s: %d episodes, %.1f steps/s", spec.env_id, spec.episodes, result.summary["steps_per_s"])
+        return Path(result.summary["hdf5"])
+
+    ensure_recorded(path, dataclasses.asdict(spec), record, check_unrecorded=lambda p: check_cached(spec, p),
+                    hint="set a new data.root to record it")
+    return path
 
 
 def check_cached(spec: RecordSpec, path: str | Path) -> None:

@@ -154,6 +154,15 @@ def test_resume_skips_finished_files(built, tmp_path):
     assert scenario_file(root, "merge").exists()
 
 
+def test_files_of_other_settings_are_refused_not_reused(built, tmp_path):
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    with pytest.raises(DataError, match=r"seeds \[7\] \(asked \[8\]\).*new --out") as err:
+        make_driving_dataset(copy, **{**TINY, "seed": 8})
+    assert "merge" in str(err.value) or "highway" in str(err.value)
+
+
 # -------------------------------------------------------------------------------------------- samples
 def test_samples_shapes_and_dtypes(built):
     out, _ = built
