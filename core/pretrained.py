@@ -165,7 +165,8 @@ class PreTrainedModel(nn.Module):
             return
         cls.abstract = False
         if cls.config_class is None or not dataclasses.is_dataclass(cls.config_class):
-            raise TypeError(f"{cls.__module__}.{cls.__qualname__}: a PreTrainedModel needs config_class = <a dataclass>")
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__}: a PreTrainedModel needs "
+                            "config_class = <a dataclass>")
 
     # -- hooks a subclass may override ------------------------------------------------------------
     @classmethod
@@ -340,7 +341,8 @@ def weights_file(directory: Path, use_ema: bool | None) -> Path:
     """The weights to load: ``ema.safetensors`` when present (unless ``use_ema`` is False)."""
     ema = directory / EMA_FILE
     if use_ema is True and not ema.is_file():
-        raise CheckpointError(f"{directory}: use_ema=True but there is no {EMA_FILE} (trained without trainer.ema_decay?)")
+        raise CheckpointError(f"{directory}: use_ema=True but there is no {EMA_FILE} "
+                              "(trained without trainer.ema_decay?)")
     if use_ema is not False and ema.is_file():
         return ema
     return directory / MODEL_FILE

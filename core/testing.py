@@ -69,9 +69,11 @@ class ToyRegressor(PreTrainedModel):
         self.register_buffer("steps_seen", torch.zeros((), dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_dim) -> (B, out_dim)."""
         return self.net(x)  # (B, out_dim)
 
     def training_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The MSE of the prediction to ``batch["y"]`` (and the MAE, logged); counts the steps seen."""
         self.steps_seen += 1
         pred = self(batch["x"])
         loss = nn.functional.mse_loss(pred, batch["y"])
@@ -79,8 +81,10 @@ class ToyRegressor(PreTrainedModel):
 
 
 def noisy_inputs(batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """A device transform (``core.data.device.BatchTransform``): input noise drawn from the loader's
-    per-batch generator, so a resumed run sees the same noise."""
+    """A device transform (``core.data.device.BatchTransform``) adding input noise.
+
+    The noise is drawn from the loader's per-batch generator, so a resumed run sees the same noise.
+    """
     noise = torch.randn(batch["x"].shape, generator=generator).to(batch["x"].device)
     return {**batch, "x": batch["x"] + 0.01 * noise}
 
@@ -228,7 +232,8 @@ def check_golden(method: str, example: ModelExample, directory: str | Path | Non
     got = golden_outputs(build_golden_model(example), example)
     assert sorted(got) == sorted(want), f"{method}: outputs {sorted(got)} vs golden {sorted(want)}"
     for k in sorted(want):
-        assert got[k].shape == want[k].shape, f"{method} {k}: shape {tuple(got[k].shape)} vs golden {tuple(want[k].shape)}"
+        assert got[k].shape == want[k].shape, \
+            f"{method} {k}: shape {tuple(got[k].shape)} vs golden {tuple(want[k].shape)}"
         try:
             torch.testing.assert_close(got[k], want[k], atol=example.golden_atol, rtol=example.golden_rtol)
         except AssertionError as e:
@@ -237,8 +242,9 @@ def check_golden(method: str, example: ModelExample, directory: str | Path | Non
 
 
 class ModelChecks:
-    """Checks every model in the workspace must pass. Subclasses define ``make_model`` / ``make_batch``
-    and, when forward is not ``model(**batch)``, ``run``.
+    """Checks every model in the workspace must pass.
+
+    Subclasses define ``make_model`` / ``make_batch`` and, when forward is not ``model(**batch)``, ``run``.
 
     ``test_gradient_flow`` calls ``model.training_step(self.make_train_batch())`` when the model has a
     ``training_step`` (override ``make_train_batch`` when its batch differs from ``make_batch``), else it
@@ -250,9 +256,11 @@ class ModelChecks:
     no_grad_params: tuple[str, ...] = ()
 
     def make_model(self) -> nn.Module:
+        """A fresh tiny model (deterministic under ``torch.manual_seed``)."""
         raise NotImplementedError
 
     def make_batch(self) -> dict[str, Any]:
+        """A fixed input batch (from its own generator, never the global RNG)."""
         raise NotImplementedError
 
     def make_train_batch(self) -> dict[str, Any]:
@@ -260,6 +268,7 @@ class ModelChecks:
         return self.make_batch()
 
     def run(self, model: nn.Module, batch: dict[str, Any]) -> Any:
+        """The forward whose outputs the checks compare (default ``model(**batch)``)."""
         return model(**batch)
 
     def training_loss(self, model: nn.Module) -> torch.Tensor:
@@ -284,6 +293,7 @@ class ModelChecks:
         return []
 
     def test_save_load_bit_exact(self, tmp_path):
+        """A training checkpoint loaded into a differently seeded model gives the same state and outputs."""
         from core.checkpoint import load_checkpoint, save_checkpoint
 
         torch.manual_seed(0)
@@ -300,8 +310,10 @@ class ModelChecks:
                 assert torch.equal(a, b)
 
     def test_save_pretrained_from_pretrained_same_output(self, tmp_path):
-        """The export contract: ``save_pretrained`` -> ``from_pretrained`` rebuilds the model from its own config
-        (a fresh construction, not loading into an existing object) with identical weights and outputs."""
+        """The export contract: ``save_pretrained`` -> ``from_pretrained`` gives identical weights and outputs.
+
+        The model is rebuilt from its own config (a fresh construction, not loading into an existing object).
+        """
         from core.pretrained import PreTrainedModel
 
         torch.manual_seed(0)
@@ -320,8 +332,11 @@ class ModelChecks:
                 assert torch.equal(a, b)
 
     def test_dtype_round_trip(self, tmp_path):
-        """A bf16 copy saves and loads bit-exactly in bf16; ``from_pretrained(dtype=...)`` of the fp32 folder gives the
-        same bf16 tensors as casting the model; casting back to fp32 runs to finite outputs."""
+        """A bf16 copy saves and loads bit-exactly in bf16, and loading with ``dtype=`` equals casting.
+
+        ``from_pretrained(dtype=bf16)`` of the fp32 folder gives the same tensors as casting the model; the bf16
+        folder loaded at the default dtype holds the bf16 values exactly and runs to finite outputs.
+        """
         from core.pretrained import PreTrainedModel
 
         torch.manual_seed(0)
@@ -350,8 +365,10 @@ class ModelChecks:
         assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
 
     def test_deterministic_eval(self):
-        """Two models built after the same seed agree, and eval outputs depend neither on the global RNG
-        (reseeded differently before each run) nor on earlier calls."""
+        """Two models built after the same seed agree, and eval outputs depend on neither RNG nor history.
+
+        The global RNG is reseeded differently before each run, and a second call must match the first.
+        """
         torch.manual_seed(0)
         model = self.make_model().eval()
         torch.manual_seed(0)
@@ -395,6 +412,7 @@ class ModelChecks:
         assert not bad, f"non-finite gradient in {len(bad)} parameters: {bad[:10]}"
 
     def test_forward_does_not_mutate_batch(self):
+        """The forward leaves every tensor of the batch unchanged."""
         torch.manual_seed(0)
         model = self.make_model().eval()
         batch = self.make_batch()
@@ -406,6 +424,7 @@ class ModelChecks:
                 assert torch.equal(v, batch[k]), f"forward changed batch[{k!r}]"
 
     def test_outputs_finite(self):
+        """Every float output of the eval forward is finite."""
         torch.manual_seed(0)
         model = self.make_model().eval()
         with torch.no_grad():
