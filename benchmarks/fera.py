@@ -122,7 +122,7 @@ def build(cfg, adapter, device: str, perturb: bool = False) -> nn.Module:
     if adapter is None:
         return denoiser.requires_grad_(False).to(device)
     torch.manual_seed(SEED + 1)
-    model = AdaptedDenoiser(denoiser, adapter)
+    model = AdaptedDenoiser.around(denoiser, adapter)
     if perturb:
         g = torch.Generator().manual_seed(SEED + 2)
         with torch.no_grad():

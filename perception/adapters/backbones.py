@@ -25,34 +25,46 @@ Conventions and choices:
 - Unconditional: the UNet's cross-attention attends to a learned null context of ``context_tokens`` tokens
   ``(1, T, cross_attention_dim)`` (broadcast to the batch; 4 by default). With a single key token the softmax
   would be identically 1: ``attn2`` would add the same vector at every pixel and ``attn2.to_q`` / ``to_k`` (and
-  any adapter on them) would get no gradient. With several tokens the pixels attend to a learned memory. The DiT gets class label 0; its label
-  dropout (diffusers' classifier-free-guidance default, 10 %) is switched off, so training draws no extra
-  random numbers and never sees the unused null label.
+  any adapter on them) would get no gradient. With several tokens the pixels attend to a learned memory. The
+  DiT gets class label 0; its label dropout (diffusers' classifier-free-guidance default, 10 %) is switched
+  off, so training draws no extra random numbers and never sees the unused null label.
 - ``attention_head_dim`` is the width of one head for both kinds. (diffusers' UNet argument of that name is,
   for historical reasons, the number of heads; we pass ``channels // attention_head_dim`` per level.)
+
+Folders: ``FlowDenoiser`` is a ``core.pretrained.PreTrainedModel`` (config: ``BackboneConfig``), so a base
+exports with ``denoiser.save_pretrained(DIR, run_config=BASE_RUN_CONFIG)`` (``model.safetensors`` +
+``config.json`` + ``README.md``). ``load_denoiser(DIR)`` is the one reader of a base: such a folder, or the base's
+training run folder (its newest checkpoint), opened read-only, frozen.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.diffusion import add_noise, euler_step, sample_timesteps, timestep_grid, velocity_target
+from core.pretrained import PreTrainedModel
 from perception.adapters.configuration_fera import KINDS, BackboneConfig
 
 __all__ = [
     "KINDS",
     "BackboneConfig",
+    "BASE_RUN_CONFIG",
     "FlowDenoiser",
     "build_backbone",
     "heldout_loss_by_level",
+    "load_denoiser",
     "sample_images",
 ]
 
 TIMESTEP_SCALE = 1000.0  # the backbones' timestep embeddings expect DDPM-style indices in [0, 1000]
+#: The rest of a base folder's ``config.json`` (beside ``model``): what it is. Not a method's model of its own
+#: (``load_pretrained`` of it says so); ``load_denoiser`` reads it.
+BASE_RUN_CONFIG = {"method": "fera", "stage": "base"}
 
 
 def build_backbone(cfg: BackboneConfig) -> nn.Module:
@@ -105,11 +117,14 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-class FlowDenoiser(nn.Module):
+class FlowDenoiser(PreTrainedModel):
     """Unconditional velocity predictor ``v(x_t, t)`` in pixel space on a diffusers backbone.
 
-    Usable by :class:`core.trainer.Trainer` (``training_step``) for pretraining the base model.
+    Usable by :class:`core.trainer.Trainer` (``training_step``) for pretraining the base model. A base, not a
+    method's model (``method`` is None): FeRA's adapted model (``modeling_fera.AdaptedDenoiser``) wraps it.
     """
+
+    config_class = BackboneConfig
 
     def __init__(self, config: BackboneConfig):
         super().__init__()
@@ -166,6 +181,40 @@ class FlowDenoiser(nn.Module):
         x_t, t, target = self.noisy_batch(batch["image"])
         pred = self(x_t, t)
         return {"loss": F.mse_loss(pred.float(), target.float())}
+
+
+def load_denoiser(path: str | Path) -> FlowDenoiser:
+    """The base denoiser of a folder, read-only: frozen, in eval mode, on the CPU.
+
+    Args:
+        path: A ``FlowDenoiser.save_pretrained`` folder, a training checkpoint, or the base's training run folder
+            (its newest checkpoint). A run pretrained before the base joined the model contract (its
+            ``config.json`` names the architecture ``backbone`` instead of ``model``) loads too.
+
+    Raises:
+        CheckpointError: No checkpoint there, no architecture in its ``config.json``, an adapted model's folder
+            instead of a base's, or weights that do not fit (strict: every key and shape).
+    """
+    from core.checkpoint import MODEL_FILE, load_into, load_weights, resolve_checkpoint
+    from core.errors import CheckpointError
+    from core.pretrained import dataclass_from_dict, read_config
+
+    ckpt = resolve_checkpoint(path)
+    config = read_config(ckpt)
+    section = config.get("model", config.get("backbone"))
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{ckpt}/config.json has no 'model' section (not a FeRA base denoiser folder)")
+    if "adapter" in section:
+        raise CheckpointError(f"{ckpt}: an adapted model's folder, not a base denoiser (load it with "
+                              "perception.adapters.modeling_fera.AdaptedDenoiser.from_pretrained)")
+    try:
+        cfg = dataclass_from_dict(BackboneConfig, section)
+    except CheckpointError as e:
+        raise CheckpointError(f"{ckpt}/config.json: {e}") from None
+    model = FlowDenoiser(cfg)
+    load_into(model, load_weights(ckpt / MODEL_FILE), source=str(ckpt / MODEL_FILE))
+    model.loaded_from = {"path": str(ckpt), "weights": MODEL_FILE, "config": config}
+    return model.eval().requires_grad_(False)
 
 
 @torch.no_grad()
@@ -232,13 +281,14 @@ def sample_images(
         seed: Seed of the starting noise (a CPU ``torch.Generator``; same seed, same images).
         batch_size: Images per forward pass.
         shift: Timestep shift of the grid (``> 1`` spends more steps at high noise).
-        shape: ``(C, H, W)``; default ``(config.channels, config.image_size, config.image_size)`` of the model.
+        shape: ``(C, H, W)``; default ``(config.channels, config.image_size, config.image_size)`` of the model
+            (of its ``denoiser`` when it wraps one).
 
     Returns:
         ``(n, C, H, W)`` uint8 on the CPU.
     """
     if shape is None:
-        cfg = model.config
+        cfg = getattr(model, "denoiser", model).config  # a FlowDenoiser, or a model wrapping one
         shape = (cfg.channels, cfg.image_size, cfg.image_size)
     was_training = model.training
     model.eval()

@@ -1,11 +1,12 @@
 """``embodied infer fera-samples --run DIR --out DIR [--n 16] [--seed 0] [--steps N] [--base]``: sample
 images from an adapted diffusion model (any arm of ``embodied train fera``: FeRA, its ablations, LoRA, DoRA).
 
-The run folder names its base (``model.base_path`` in its ``config.json``) and holds the adapter folder; the
-samples are Euler-ODE draws from pure noise (FeRA routes each step by the latent's frequency energy), written as
-PNGs. ``--base`` samples the unadapted base instead, with the
-same noise, for a side-by-side look. The output folder follows the CLI's policy (``core.outputs``: staged, renamed
-into place on success): ``grid.png`` and ``samples/NNN.png``.
+``--run`` is the arm's run folder (its exported model ``<run>/adapter``, which references its base) or an exported
+adapted model itself (e.g. ``assets/checkpoints/fera/fera``). The samples are Euler-ODE draws from pure noise
+(FeRA routes each step by the latent's frequency energy), written as PNGs; ``--steps`` defaults to the run's
+``model.sample_steps``. ``--base`` samples the unadapted base instead, with the same noise, for a side-by-side
+look. The output folder follows the CLI's policy (``core.outputs``: staged, renamed into place on success):
+``grid.png`` and ``samples/NNN.png``.
 """
 
 from __future__ import annotations
@@ -17,24 +18,27 @@ from core.errors import ConfigError, DataError
 
 
 def infer(args) -> int:
+    """Write ``grid.png`` and ``samples/NNN.png`` of ``args.n`` samples into ``args.out``; returns 0."""
+    from core.checkpoint import CONFIG_FILE
     from core.data.images import write_image
     from core.io import read_json
-    from core.pretrained import dataclass_from_dict
     from core.viz import image_grid
-    from perception.adapters.backbones import sample_images
+    from perception.adapters.backbones import load_denoiser, sample_images
     from perception.adapters.configuration_fera import FeRAModelConfig
-    from perception.adapters.task import load_adapted, load_base
+    from perception.adapters.task import load_adapted
 
     out = Path(args.out)  # the staged folder core.outputs claimed for us
     if args.n < 1 or (args.steps is not None and args.steps < 1):
         raise ConfigError("--n and --steps must be >= 1")
     run = Path(args.run)
-    cfg_file = run / "config.json"
-    if not cfg_file.is_file():
+    if not (run / CONFIG_FILE).is_file():
         raise DataError(run, "has no config.json (not an `embodied train fera` run folder)")
-    model_cfg = dataclass_from_dict(FeRAModelConfig, read_json(cfg_file).get("model") or {})
-    denoiser = load_base(model_cfg) if args.base else load_adapted(model_cfg, run).denoiser
-    imgs = sample_images(denoiser, args.n, steps=args.steps or model_cfg.sample_steps, seed=args.seed)
+    model = load_adapted(run)
+    config = read_json(run / CONFIG_FILE)
+    section = config.get("base_model") or config.get("model") or {}  # an exported model's / the run's
+    steps = args.steps or section.get("sample_steps", FeRAModelConfig.sample_steps)
+    denoiser = load_denoiser(model.config.base_path) if args.base else model.denoiser
+    imgs = sample_images(denoiser, args.n, steps=steps, seed=args.seed)
     grid = image_grid(imgs.permute(0, 2, 3, 1).numpy(), cols=math.ceil(math.sqrt(args.n)))
     h, w = imgs.shape[-2:]
     (out / "samples").mkdir(parents=True, exist_ok=True)

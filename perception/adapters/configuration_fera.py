@@ -180,3 +180,17 @@ class FeRADataConfig:
             raise ConfigError(f"data.shots must be >= 1 and data.test_n >= 2, got {self.shots}, {self.test_n}")
         if not self.levels or any(not 0 < t <= 1 for t in self.levels):
             raise ConfigError(f"data.levels must be noise levels in (0, 1], got {self.levels}")
+
+
+@dataclass
+class AdaptedDenoiserConfig:
+    """The model of ``embodied train fera`` (``perception.adapters.modeling_fera.AdaptedDenoiser``): one adapter
+    arm on a frozen base denoiser.
+
+    ``base_path``: the base denoiser folder, referenced and opened read-only (a ``FlowDenoiser.save_pretrained``
+    folder, or the base's training run folder that ``embodied train fera`` pretrains into ``model.base_path``).
+    ``adapter``: the arm (FeRA, its ablations, peft LoRA / DoRA) with its hyperparameters.
+    """
+
+    base_path: str = ""
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)

@@ -14,23 +14,23 @@ SCALE = 3
 
 
 def load_shipped(arm: str | None, folder: Path = SHIPPED):
-    """The shipped base denoiser, with the adapter of ``arm`` (``fera`` / ``lora``) loaded when given."""
-    from core.checkpoint import load_into, load_weights
+    """The shipped base denoiser, with the adapter of ``arm`` (``fera`` / ``lora``) on it when given.
+
+    Each arm's folder is a self-contained exported ``AdaptedDenoiser`` (its base copied into ``<arm>/base``);
+    the base alone is the FeRA folder's copy. Returns ``(denoiser, FeRAModelConfig of the base)``.
+    """
     from core.errors import DataError
     from core.io import read_json
-    from core.layers.lora import load_lora
     from core.pretrained import dataclass_from_dict
+    from perception.adapters.backbones import load_denoiser
     from perception.adapters.configuration_fera import FeRAModelConfig
-    from perception.adapters.fera import load_fera
-    from perception.adapters.task import build_denoiser
+    from perception.adapters.modeling_fera import AdaptedDenoiser
 
-    if not (folder / "model.json").is_file():
-        raise DataError(folder, "has no model.json (not a shipped FeRA folder)")
-    model_cfg = dataclass_from_dict(FeRAModelConfig, read_json(folder / "model.json"))
-    model = build_denoiser(model_cfg)
-    load_into(model, load_weights(folder / "base" / "model.safetensors"), source=str(folder / "base"))
-    if arm is not None:
-        (load_fera if arm.startswith("fera") else load_lora)(model.backbone, folder / arm)
+    export = folder / (arm or "fera")
+    if not (export / "config.json").is_file():
+        raise DataError(export, "has no config.json (not a shipped FeRA model folder)")
+    model_cfg = dataclass_from_dict(FeRAModelConfig, read_json(export / "config.json")["base_model"])
+    model = load_denoiser(export / "base") if arm is None else AdaptedDenoiser.from_pretrained(export).denoiser
     return model.eval().requires_grad_(False), model_cfg
 
 
@@ -41,7 +41,7 @@ def _grid(imgs, cols: int = 8):
 
 
 def demo_section(ctx: DemoContext) -> DemoSection:
-    from core.io import read_json
+    """Samples of the base and both adapters from the same noise, held-out loss, FeRA's routing, the table."""
     from perception.adapters.backbones import heldout_loss_by_level, sample_images
     from perception.adapters.data import target_images
     from perception.adapters.task import routing_by_level
@@ -70,10 +70,9 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     if comparison.is_file():
         body += "<h4>recorded comparison (python -m perception.adapters.experiments; mean ± sd over seeds)</h4>"
         body += f"<pre>{comparison.read_text()}</pre>"
-    meta = read_json(SHIPPED / "model.json")
     return DemoSection(
         title="FeRA: frequency-energy routed adapters for diffusion fine-tuning (perception/adapters)",
-        lead=f"A {meta['kind']} flow-matching model pretrained on simulator renders ({meta['image_size']} px), "
+        lead=f"A {model_cfg.kind} flow-matching model pretrained on simulator renders ({model_cfg.image_size} px), "
              "adapted with 64 crops of real videos by FeRA (3 routed rank-4 LoRA experts, FECL) and by peft's "
              "LoRA at the same parameter count. Samples share their noise across models.",
         body=body, figures=figures)

@@ -5,13 +5,20 @@ from core.registry import InferSpec, register_method
 register_method(
     "fera",
     folder="perception/adapters",
-    description="frequency-energy routed adapter experts for diffusion fine-tuning, against LoRA and DoRA (peft)",
+    description="frequency-energy routed adapter experts for diffusion fine-tuning, against LoRA and DoRA "
+                "(peft)",
     task="perception.adapters.task",
     config="perception.adapters.configuration_fera",
+    model="perception.adapters.modeling_fera:AdaptedDenoiser",
+    example="perception.adapters.modeling_fera:example",
     demo="perception.adapters.demo:demo_section",
+    # same base, shots, steps, harness; out_dir follows adapter.name
+    arms={"fera": [], "fera_norouter": ["adapter=fera_norouter"], "fera_nofecl": ["adapter=fera_nofecl"],
+          "lora": ["adapter=lora"], "dora": ["adapter=dora"]},
     infer=[InferSpec(
         "fera-samples", "perception.adapters.cli:infer",
-        "sample images (grid.png + samples/) from a FeRA / LoRA / DoRA-adapted diffusion model of `embodied train fera`",
+        "sample images (grid.png + samples/) from a FeRA / LoRA / DoRA-adapted diffusion model of "
+        "`embodied train fera`",
         (("--run", dict(required=True, metavar="DIR", help="the arm's run folder (its out_dir)")),
          ("--out", dict(required=True, metavar="DIR", help="output folder")),
          ("--n", dict(type=int, default=16, help="number of samples (default 16)")),

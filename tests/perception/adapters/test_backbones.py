@@ -57,6 +57,50 @@ def test_config_rejects_bad_values(bad):
     assert "\n" not in str(e.value) and "backbone." in str(e.value)
 
 
+# -- the base folder ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_base_folder_round_trip_is_exact_and_read_only(kind, tmp_path):
+    """save_pretrained -> load_denoiser rebuilds the same denoiser (frozen), writes nothing into the folder; a run
+    pretrained before the contract (its checkpoint names the architecture `backbone`) loads the same way."""
+    from core.checkpoint import mark_latest, save_checkpoint
+    from perception.adapters.backbones import BASE_RUN_CONFIG, load_denoiser
+
+    model = tiny(kind).eval()
+    folder = model.save_pretrained(tmp_path / "base", run_config=dict(BASE_RUN_CONFIG))
+    before = sorted((p.name, p.read_bytes()) for p in folder.iterdir())
+    loaded = load_denoiser(folder)
+    legacy_run = tmp_path / "legacy_run"
+    save_checkpoint(legacy_run / "checkpoints" / "step_00000004", model,
+                    {"method": "fera", "stage": "base", "backbone": json.loads(json.dumps(vars(model.config)))})
+    mark_latest(legacy_run / "checkpoints", "step_00000004")
+    legacy = load_denoiser(legacy_run)
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([0.3, 0.8])
+    with torch.no_grad():
+        want = model(x, t)
+        for other in (loaded, legacy):
+            assert other.config == model.config and not any(p.requires_grad for p in other.parameters())
+            assert torch.equal(want, other(x, t))
+    assert sorted((p.name, p.read_bytes()) for p in folder.iterdir()) == before
+
+
+def test_base_folder_errors_are_one_line(tmp_path):
+    from core.errors import CheckpointError
+    from core.pretrained import load_pretrained
+    from perception.adapters.backbones import BASE_RUN_CONFIG, load_denoiser
+
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_denoiser(tmp_path / "nope")
+    folder = tiny("dit").save_pretrained(tmp_path / "base", run_config=dict(BASE_RUN_CONFIG))
+    with pytest.raises(CheckpointError, match="base denoiser") as e:
+        load_pretrained(folder)  # a base, not the method's model: says what to call instead
+    assert "\n" not in str(e.value) and "load_denoiser" in str(e.value)
+    config = json.loads((folder / "config.json").read_text())
+    config["model"]["dit_layers"] = 3
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="does not match"):
+        load_denoiser(folder)
+
+
 # -- backbones ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_shapes_and_attention_projection_names(kind):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.config import compose, to_object
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -50,9 +50,9 @@ def test_arms_train_with_matched_parameters_and_write_adapters(trained):
     root, results = trained
     n = {arm: r["trainable_parameters"] for arm, r in results.items()}
     assert abs(n["fera"] - n["lora"]) / n["lora"] < 0.05 and abs(n["dora"] - n["lora"]) / n["lora"] < 0.1
-    assert (root / "fera_unet_tiny_fera" / "adapter" / "fera_config.json").is_file()
-    assert (root / "fera_unet_tiny_lora" / "adapter" / "adapter_config.json").is_file()
-    assert json.loads((root / "fera_unet_tiny_dora" / "adapter" / "adapter_config.json").read_text())["use_dora"]
+    for arm in ("fera", "lora", "dora"):  # the exported model: config.json names the arm and the base
+        model = json.loads((root / f"fera_unet_tiny_{arm}" / "adapter" / "config.json").read_text())["model"]
+        assert model["adapter"]["kind"] == arm and Path(model["base_path"]) == (root / "base_fera_unet_tiny").absolute()
     curve = json.loads((root / "fera_unet_tiny_fera" / "curve.json").read_text())
     assert [p["step"] for p in curve] == [0, 2, 4] and set(curve[0]) >= {"t0.1", "t0.9", "mean"}
     # every arm starts from the same base: identical step-0 losses
@@ -60,21 +60,76 @@ def test_arms_train_with_matched_parameters_and_write_adapters(trained):
     assert c0[0] == c0[1]
 
 
-@pytest.mark.parametrize("arm", ["fera", "dora"])
+@pytest.mark.parametrize("arm", ["fera", "lora", "dora"])
 def test_adapter_folder_reproduces_the_trained_model(trained, arm):
-    """base + adapter-only folder == the full training checkpoint, exactly."""
+    """base + the exported adapter-only folder == the full training checkpoint, exactly; the folder holds only the
+    arm's tensors, and load_pretrained rebuilds both the export and the run folder (its newest checkpoint)."""
     from core import checkpoint as ckpt
+    from core.pretrained import load_pretrained
     from perception.adapters import task
+    from perception.adapters.modeling_fera import is_adapter_key
 
     root, _ = trained
     cfg = compose(overrides(root, arm))
     model_cfg, _, adapter, _ = task._configs(cfg)
-    full = task.AdaptedDenoiser(task.load_base(model_cfg), adapter)
+    full = task.AdaptedDenoiser.around(task.load_base(model_cfg), adapter, model_cfg.base_path)
     ckpt.load_checkpoint(ckpt.latest_checkpoint(Path(cfg.out_dir) / "checkpoints"), full)
-    loaded = task.load_adapted(model_cfg, cfg.out_dir)
+    loaded = task.load_adapted(cfg.out_dir)
+    stored = ckpt.load_weights(Path(cfg.out_dir) / "adapter" / "model.safetensors")
+    assert sorted(stored) == sorted(loaded.trained_state_dict()) and all(is_adapter_key(k) for k in stored)
+    assert any("fera_router" in k for k in stored) == (arm == "fera")
+    assert any("lora_magnitude_vector" in k for k in stored) == (arm == "dora")
     x, t = torch.randn(3, 3, 16, 16), torch.tensor([0.2, 0.5, 0.9])
     with torch.no_grad():
-        assert torch.equal(full.eval()(x, t), loaded(x, t))
+        want = full.eval()(x, t)
+        assert torch.equal(want, loaded(x, t))
+        for other in (load_pretrained(Path(cfg.out_dir) / "adapter"), load_pretrained(cfg.out_dir)):
+            assert type(other) is task.AdaptedDenoiser and torch.equal(want, other(x, t))
+
+
+def test_exported_base_is_read_only_and_legacy_adapter_is_one_line(trained, tmp_path):
+    """model.base_path may be an exported base folder: training and evaluation read it and write nothing into it
+    (the base's figures are cached in the run folder instead)."""
+    from perception.adapters import task
+    from perception.adapters.backbones import BASE_RUN_CONFIG, load_denoiser
+
+    root, _ = trained
+    base = tmp_path / "exported_base"
+    load_denoiser(root / "base_fera_unet_tiny").save_pretrained(base, run_config=dict(BASE_RUN_CONFIG))
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    cfg = compose(overrides(root, "lora", run="lora_on_export") + [f"model.base_path={base}"])
+    task.train(cfg)
+    out = task.evaluate(cfg)
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+    assert (Path(cfg.out_dir) / task.BASE_EVAL_FILE).is_file() and out["base"]["fd"] >= 0
+    legacy = tmp_path / "legacy" / "adapter"
+    legacy.mkdir(parents=True)
+    (legacy / "arm.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="older version"):
+        task.load_adapted(legacy.parent)
+
+
+def test_ship_models_writes_self_contained_exports(trained, tmp_path):
+    """--ship's writer: each arm a self-contained export (a clean base: weights and config, no training state)
+    that loads from anywhere and computes what the run's model computes; the run's card is kept."""
+    import shutil
+
+    from core.pretrained import load_pretrained, read_card
+    from perception.adapters import task
+
+    root, _ = trained
+    (tmp_path / "table.md").write_text("| arm |\n")
+    runs = {arm: root / f"fera_unet_tiny_{arm}" for arm in ("fera", "lora")}
+    dest = task.ship_models(runs, tmp_path / "ship", tmp_path / "table.md")
+    assert sorted(p.name for p in dest.iterdir()) == ["comparison.md", "fera", "lora"]
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([0.3, 0.7])
+    for arm, run in runs.items():
+        assert sorted(p.name for p in (dest / arm / "base").iterdir()) == ["README.md", "config.json",
+                                                                          "model.safetensors"]
+        assert read_card(dest / arm)["command"] == read_card(run / "adapter")["command"]
+        moved = shutil.move(str(dest / arm), str(tmp_path / f"moved_{arm}"))
+        with torch.no_grad():
+            assert torch.equal(load_pretrained(moved)(x, t), task.load_adapted(run)(x, t))
 
 
 def test_evaluate_reports_levels_fd_and_routing(trained):
@@ -99,7 +154,7 @@ def test_fecl_only_for_fera_with_weight(tmp_path):
     calls = []
     for adapter, has in ((AdapterConfig(kappa_divisor=16), True), (AdapterConfig(fecl_weight=0.0), False),
                          (AdapterConfig(kind="lora", rank=12), False)):
-        m = task.AdaptedDenoiser(FlowDenoiser(cfg), adapter)
+        m = task.AdaptedDenoiser.around(FlowDenoiser(cfg), adapter)
         h = m.denoiser.backbone.register_forward_hook(lambda *a: calls.append(1))
         out = m.training_step(batch)
         h.remove()
@@ -150,3 +205,27 @@ def test_shipped_adapters_load_and_the_demo_section_runs(tmp_path):
     f = sec.figures
     assert f["fera_heldout_loss"] < f["base_heldout_loss"] and f["lora_heldout_loss"] < f["base_heldout_loss"]
     assert (tmp_path / "img" / "fera_fera.png").is_file() and "routing" in sec.body
+
+
+def test_shipped_folders_are_self_contained_exports(tmp_path):
+    """Each shipped arm is an exported AdaptedDenoiser with its base inside (copy_base=True): it loads with
+    load_pretrained from a copy elsewhere, stores only the adapter tensors, and `embodied infer fera-samples`
+    samples from it."""
+    import argparse
+    import shutil
+
+    from core.checkpoint import load_weights
+    from core.pretrained import load_pretrained, read_config
+    from perception.adapters import cli
+    from perception.adapters.demo import SHIPPED
+    from perception.adapters.modeling_fera import AdaptedDenoiser
+
+    for arm in ("fera", "lora"):
+        assert read_config(SHIPPED / arm)["model"]["base_path"] == "base"
+        moved = shutil.copytree(SHIPPED / arm, tmp_path / arm)
+        model = load_pretrained(moved)
+        assert isinstance(model, AdaptedDenoiser) and model.adapter.kind == arm
+        assert sorted(load_weights(moved / "model.safetensors")) == sorted(model.trained_state_dict())
+    out = tmp_path / "samples"
+    args = argparse.Namespace(run=str(tmp_path / "fera"), out=str(out), n=2, seed=0, steps=2, base=False)
+    assert cli.infer(args) == 0 and len(list((out / "samples").iterdir())) == 2
