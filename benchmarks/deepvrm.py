@@ -19,6 +19,7 @@ weights), in eval mode; a batch of ``--batch`` images with the verdict prompt. T
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,9 +49,7 @@ def build(arm: str, device: str):
     tok = build_tokenizer(tokenizer_corpus([]), vocab_size=400)
     torch.manual_seed(0)
     vcfg = VLMConfig(**{**dict(m.vlm), "vocab_size": m.tokenizer_vocab})
-    model = DeepVRM(build_vlm(vcfg), tok, vcfg.patch_spec(m.image_size), arm=arm, inject_layer=m.inject_layer,
-                    lora_rank=m.lora_rank, va_lora_rank=m.va_lora_rank)
-    model.set_stage(2)
+    model = DeepVRM(dataclasses.replace(m, arm=arm), base=(build_vlm(vcfg), tok))  # stage 2: residual path on
     return model.to(device), m
 
 

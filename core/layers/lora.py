@@ -8,7 +8,8 @@ separate ``q`` / ``k`` / ``v`` / ``proj`` linears (no fused ``qkv``), which peft
 
 Semantics kept from the former wrapper (tests/core/layers/test_layers.py checks each on fixed inputs):
 ``inject_lora(module, targets, rank)`` wraps every ``nn.Linear`` whose qualified name matches one of
-``targets`` (a suffix such as ``"attn.q"`` or a plain layer name such as ``"q"``; peft's own list matching),
+``targets`` (a suffix such as ``"attn.q"`` or a plain layer name such as ``"q"``; peft's own list matching)
+or, when ``targets`` is one string, the regular expression it is (peft's full-match meaning of a string),
 optionally only inside the submodules named in ``within``; ``A`` is Kaiming-uniform and ``B`` zero (peft's
 default init), so the wrapped module computes exactly what it did before; the wrapped linears are frozen
 and every other parameter keeps its ``requires_grad`` (peft alone would freeze the whole root module);
@@ -36,6 +37,7 @@ Adapter-only save / load: ``lora_state_dict`` / ``load_lora_state_dict`` (peft's
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -85,7 +87,9 @@ def _inject(module: nn.Module, config: Any, adapter_name: str) -> None:
             p.requires_grad_(grad[id(p)])
 
 
-def _matches(name: str, targets: Sequence[str]) -> bool:
+def _matches(name: str, targets: Sequence[str] | str) -> bool:
+    if isinstance(targets, str):  # a regular expression over the qualified name (peft's str target_modules)
+        return re.fullmatch(targets, name) is not None
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
@@ -108,14 +112,16 @@ def lora_config(targets: Iterable[str], rank: int = 4, alpha: float | None = Non
                       target_modules=sorted(targets), bias="none", use_dora=use_dora)
 
 
-def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha: float | None = None,
+def inject_lora(module: nn.Module, targets: Sequence[str] | str, rank: int = 4, alpha: float | None = None,
                 dropout: float = 0.0, within: Sequence[str] | None = None,
                 adapter_name: str = _DEFAULT, use_dora: bool = False) -> list[str]:
-    """Wrap every matching ``nn.Linear`` inside ``module`` in a peft LoRA layer (in place).
+    r"""Wrap every matching ``nn.Linear`` inside ``module`` in a peft LoRA layer (in place).
 
     Args:
         module: Root module (it receives peft's ``peft_config`` attribute).
-        targets: Qualified-name suffixes of the linears to adapt (e.g. ``["q", "k", "v", "proj"]``).
+        targets: Qualified-name suffixes of the linears to adapt (e.g. ``["q", "k", "v", "proj"]``), or one
+            string: a regular expression the whole qualified name must match (peft's meaning of a string
+            ``target_modules``), e.g. ``r".*layers\.(4|5)\.self_attn\.(q|v)_proj"``.
         rank: ``r`` >= 1.
         alpha: Scale numerator (default ``rank``: scale 1).
         dropout: Dropout on the adapter input.
@@ -136,7 +142,8 @@ def inject_lora(module: nn.Module, targets: Sequence[str], rank: int = 4, alpha:
            and _inside(n, prefixes) and not n.startswith(in_wrapped)]
     if not new:
         if not any(_matches(n, targets) and _inside(n, prefixes) for n in wrapped):
-            raise ValueError(f"inject_lora: no nn.Linear in {type(module).__name__} matches {list(targets)}")
+            shown = targets if isinstance(targets, str) else list(targets)
+            raise ValueError(f"inject_lora: no nn.Linear in {type(module).__name__} matches {shown!r}")
         return []
     previous = getattr(module, "peft_config", {}).get(adapter_name)
     _inject(module, lora_config(new, rank, alpha, dropout, use_dora), adapter_name)

@@ -6,7 +6,10 @@
 - ``template``: the ChatML one-image template; ``encode`` gives ids + answer-only labels.
 - ``collate``: padded batches of variable-length sequences (``vlm_collate``).
 - ``modeling``: tiny Qwen2.5-VL / Qwen3-VL configs (``VLMConfig``), ``load_vlm`` / ``save_vlm`` for local
-  folders, the model's parts (vision tower, decoder layers), answer log-probabilities and the next-token loss.
+  folders, the model's parts (vision tower, decoder layers), a forward's inputs (``vlm_inputs``, the one place
+  ``mm_token_type_ids`` is added), answer log-probabilities and the next-token loss.
+- ``pretrain``: ``ensure_base_vlm``: a base VLM at a path, pretrained there on image QA (under a lock,
+  resumable) the first time it is missing.
 """
 
 from core.vlm.collate import pad_sequences, vlm_collate
@@ -21,20 +24,23 @@ from core.vlm.modeling import (
     image_token_id,
     language_model,
     load_vlm,
+    mm_token_type_ids,
     next_token_loss,
     patch_spec_of,
     save_vlm,
     vision_tower,
     vlm_inputs,
 )
+from core.vlm.pretrain import BasePretraining, ImageQAModel, ensure_base_vlm, is_workspace_base
 from core.vlm.processor import PatchSpec, image_processor, patchify, to_tensor
 from core.vlm.template import IGNORE, decode_answer, encode, prompt_text
 from core.vlm.tokenizer import SPECIAL_TOKENS, build_tokenizer, load_tokenizer, token_id
 
 __all__ = [
-    "FAMILIES", "IGNORE", "SPECIAL_TOKENS", "PatchSpec", "VLMConfig", "answer_logprob", "build_tokenizer",
-    "build_vlm", "count_parameters", "decode_answer", "decoder_layers", "encode", "encode_images",
-    "image_processor", "image_token_id", "language_model", "load_tokenizer", "load_vlm", "next_token_loss",
+    "FAMILIES", "IGNORE", "SPECIAL_TOKENS", "BasePretraining", "ImageQAModel", "PatchSpec", "VLMConfig",
+    "answer_logprob", "build_tokenizer", "build_vlm", "count_parameters", "decode_answer", "decoder_layers",
+    "encode", "encode_images", "ensure_base_vlm", "image_processor", "image_token_id", "is_workspace_base",
+    "language_model", "load_tokenizer", "load_vlm", "mm_token_type_ids", "next_token_loss",
     "pad_sequences", "patch_spec_of", "patchify", "prompt_text", "save_vlm", "to_tensor", "token_id",
     "vision_tower", "vlm_collate", "vlm_inputs",
 ]

@@ -165,15 +165,27 @@ def encode_images(model_or_tower: nn.Module, pixel_values: torch.Tensor, grid_th
     return out
 
 
+def mm_token_type_ids(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """(B, L) long: 1 at the model's image tokens, 0 elsewhere (the Qwen-VL classes' ``mm_token_type_ids``).
+
+    Both families need it for their multimodal RoPE: without it transformers cannot compute the 3-D (time,
+    height, width) positions of the image tokens and falls back to 1-D text positions for the whole sequence.
+    """
+    return (input_ids == image_token_id(model)).long()
+
+
 def vlm_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> dict[str, Any]:
-    """The keyword arguments of one forward, with what the family needs beyond ids and pixels (Qwen3-VL's
-    ``mm_token_type_ids``: 1 at image tokens)."""
+    """The keyword arguments of one forward: ids, mask and, with images, the pixels, their patch grid and
+    ``mm_token_type_ids`` (so that image tokens get the 3-D multimodal positions, in every family).
+
+    This is the one place the workspace builds a Qwen-VL forward's inputs; a method calls ``model(**kw)``.
+    """
+    family_of(model)  # an unsupported model fails here, by name
     kw: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
     if pixel_values is not None:
-        kw.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
-        if family_of(model) == "qwen3_vl":
-            kw["mm_token_type_ids"] = (input_ids == image_token_id(model)).long()
+        kw.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+                  mm_token_type_ids=mm_token_type_ids(model, input_ids))
     return kw
 
 

@@ -181,6 +181,47 @@ class AutoMoTModelConfig:
             raise ConfigError(f"model.mot: unknown key(s) {sorted(unknown)} (AutoMoTConfig fields: {sorted(known)})")
 
 
+@dataclass
+class DrivingVLAConfig:
+    """A trained AutoMoT policy: what ``DrivingVLA(config)`` builds, and a policy folder's ``config.json`` model
+    section (``AutoMoTModelConfig`` is the training recipe; this is the resolved model it produced).
+
+    - ``arm``: ``automot`` | ``frozen`` | ``noreason`` (see ``AutoMoTModelConfig``).
+    - ``base_path``: the understanding expert's VLM folder (its config and tokenizer; in the ``frozen`` arm its
+      weights too, which the policy folder then does not store); ``""`` in the ``noreason`` arm (no VLM).
+    - ``image_size`` / ``history``: the square VLM input per front frame, frames per prompt.
+    - ``mot``: the resolved ``AutoMoTConfig`` (attention geometry and meta-action token ids filled in).
+    - ``refiner``: the resolved ``driving.automot.refiner.RefinerConfig`` fields, or None (no refiner).
+    - ``lm_loss_weight``: weight of the understanding expert's next-token loss on reasoning text in the imitation
+      objective (0 unless the ``automot`` arm trains it).
+    """
+
+    arm: str = "automot"
+    base_path: str = ""
+    image_size: int = 64
+    history: int = 2
+    mot: AutoMoTConfig = field(default_factory=AutoMoTConfig)
+    refiner: dict[str, Any] | None = None
+    lm_loss_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            raise ConfigError(f"model.arm must be one of {ARMS}, got {self.arm!r}")
+        if isinstance(self.mot, dict):
+            self.mot = AutoMoTConfig.from_dict(self.mot)
+        if self.mot.use_understanding != (self.arm != "noreason") or \
+                self.mot.freeze_understanding != (self.arm == "frozen"):
+            raise ConfigError(f"model.mot: use_understanding={self.mot.use_understanding} / freeze_understanding="
+                              f"{self.mot.freeze_understanding} contradict arm={self.arm!r}")
+        if (self.arm == "noreason") == bool(self.base_path):
+            raise ConfigError(f"model.base_path must be set exactly when the arm has an understanding expert "
+                              f"(arm={self.arm!r}, base_path={self.base_path!r})")
+        if int(self.image_size) < 1 or int(self.history) < 1 or self.lm_loss_weight < 0:
+            raise ConfigError("model.image_size and model.history must be >= 1, model.lm_loss_weight >= 0")
+        if self.refiner is not None:
+            self.refiner = dict(self.refiner)
+
+
 @schema("data", "automot_data_schema")
 @dataclass
 class AutoMoTDataConfig:
@@ -217,4 +258,4 @@ class AutoMoTDataConfig:
 
 
 __all__ = ["ARMS", "META_ACTIONS", "REASON_PROMPT", "SYSTEM_PROMPT", "AutoMoTConfig", "AutoMoTDataConfig",
-           "AutoMoTModelConfig"]
+           "AutoMoTModelConfig", "DrivingVLAConfig"]

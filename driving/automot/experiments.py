@@ -42,7 +42,7 @@ def grid(out: Path, seeds: list[int], extra: list[str], arms: tuple[str, ...] = 
     return ex.Grid("automot", out / "runs", ex.pick_arms(ex.method_arms("automot"), arms), seeds,
                    [f"model.base_path={out / 'base'}", *extra], eval_overrides=["data.eval_episodes=0"],
                    log_dir=out / "logs", train_flags=["--overwrite"],  # training does not resume: start over
-                   trained=lambda run: (run / "policy" / "automot.json").is_file())
+                   trained=lambda run: (run / "policy" / "model.safetensors").is_file())
 
 
 def closed_loop_rows(out: Path, seeds: list[int]) -> dict[str, tuple[str, list[str]]]:
@@ -74,7 +74,8 @@ def drive(out: Path, row: str, policy: str, args: list[str], episodes: int, seed
 
 OPENLOOP = {**{f"{head}_{k}": f"openloop/{head}/{k}" for head in ("coarse", "refined")
                for k in ("l2_1s", "l2_2s", "l2_3s", "ade")},
-            "meta_accuracy": "openloop/meta_accuracy", "qa": "qa/acc", "qa_base": "qa_base/acc"}
+            "meta_accuracy": "openloop/meta_accuracy", "qa": "qa_token_match/acc",
+            "qa_base": "qa_token_match_base/acc"}
 
 
 def summarise(out: Path, seeds: list[int], command: str = "") -> dict[str, Any]:
@@ -113,7 +114,7 @@ def table(summary: dict[str, Any]) -> str:
                                           ("L2 3 s", "coarse_l2_3s"), ("ADE", "coarse_ade"),
                                           ("refined L2 3 s", "refined_l2_3s"), ("refined ADE", "refined_ade"),
                                           ("meta-action acc", "meta_accuracy"))]
-    cols.append(ex.Column("QA acc (base)", ("qa", "qa_base"), template="{0} ({1})"))
+    cols.append(ex.Column("QA token match (base)", ("qa", "qa_base"), template="{0} ({1})"))
     return "\n".join(lines) + "\n" + ex.arm_table(summary["openloop"], cols, zero_sd=False) + "\n"
 
 

@@ -30,6 +30,10 @@ Heads (on the action expert's final-RMSNorm outputs):
 - ``features`` (B, n_wp * expert_hidden_size): the waypoint queries' outputs, flattened in waypoint order;
   what the action refiner conditions on.
 
+``DrivingVLA`` is the trained policy around this model (a ``core.pretrained.PreTrainedModel``): the joint
+model, the optional waypoint refiner, the two training stages, and the folder format (``save_pretrained`` /
+``from_pretrained``; the base VLM referenced, not copied).
+
 Deviations from the paper: the VLM and the expert must already have the same number of heads / kv heads /
 head_dim (the paper pads heads); the meta-action is read from the LM head at one token per class instead of
 decoding reasoning text; the BEV input is a rasterised (B, C, H, W) map patch-embedded by a conv rather than
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,8 +53,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.errors import ConfigError
-from core.vlm import decoder_layers, image_token_id, language_model, next_token_loss, vlm_inputs
-from driving.automot.configuration_automot import AutoMoTConfig
+from core.pretrained import PreTrainedModel
+from core.vlm import (
+    decoder_layers,
+    image_token_id,
+    language_model,
+    mm_token_type_ids,
+    next_token_loss,
+    vlm_inputs,
+)
+from driving.automot.configuration_automot import AutoMoTConfig, DrivingVLAConfig
 
 ROPE_THETA = 1_000_000.0  # the noreason arm's RoPE base (Qwen's)
 BLOCK_KINDS = ("causal", "full")
@@ -414,8 +427,8 @@ class AutoMoT(nn.Module):
                 deepstack = [torch.cat(list(f), dim=0).to(emb.dtype) for f in extra]
         elif bool(image_mask.any()):
             raise ValueError("AutoMoT batch: 'input_ids' has image tokens but no 'pixel_values'")
-        positions, _ = model.get_rope_index(ids, mm_token_type_ids=image_mask.long(), image_grid_thw=grid,
-                                            attention_mask=am)
+        positions, _ = model.get_rope_index(ids, mm_token_type_ids=mm_token_type_ids(self.vlm, ids),
+                                            image_grid_thw=grid, attention_mask=am)
         valid = am.bool()
         next_position = positions.masked_fill(~valid[None], -1).amax(dim=(0, 2)) + 1
         return emb, positions, ~valid, next_position, image_mask, deepstack
@@ -613,8 +626,156 @@ class AutoMoT(nn.Module):
             raise ValueError("AutoMoT understanding_lm_loss: missing 'labels'")
         kw = vlm_inputs(self.vlm, batch["input_ids"], batch["attention_mask"], batch.get("pixel_values"),
                         batch.get("image_grid_thw"))
-        kw.setdefault("mm_token_type_ids", (batch["input_ids"] == self.image_token).long())
         return next_token_loss(self.vlm(**kw).logits, batch["labels"])
 
 
-__all__ = ["AutoMoT", "AutoMoTOutput", "PrefixCache", "block_mask"]
+# -- the trained policy ------------------------------------------------------------------------------------------
+STAGES = ("vla", "refiner")
+
+
+class DrivingVLA(PreTrainedModel):
+    """The trained AutoMoT policy: the joint model (``mot``), its optional waypoint refiner (``refiner``), and
+    the understanding expert's tokenizer / prompt / patching, built from a ``DrivingVLAConfig`` around the base VLM
+    at ``config.base_path`` (``core.vlm.load_vlm``; none in the ``noreason`` arm).
+
+    Training has two stages (``set_stage``): ``vla`` (the imitation objective of ``AutoMoT.loss``, plus
+    ``lm_loss_weight`` x the understanding expert's next-token loss on the batch's ``lm_*`` reasoning text; the
+    refiner frozen) and ``refiner`` (flow matching on the frozen VLA's features and coarse plan; everything else
+    frozen and in eval mode). A folder written by ``save_pretrained`` stores ``trained_state_dict()``: everything
+    but the VLM in the ``frozen`` arm (it is the base's, unchanged), everything in the other arms; it references
+    the base folder (a shipped folder carries a copy in ``base/``).
+
+    Args:
+        config: The policy's config.
+        base: ``(vlm, tokenizer)`` already loaded from ``config.base_path`` (default: loaded here).
+    """
+
+    config_class = DrivingVLAConfig
+    method = "automot"
+    base_fields = ("base_path",)
+
+    def __init__(self, config: DrivingVLAConfig, base: tuple[nn.Module, Any] | None = None):
+        from core.vlm import load_vlm, patch_spec_of
+        from driving.automot.inputs import Prompter
+        from driving.automot.refiner import RefinerConfig, WaypointRefiner
+
+        super().__init__()
+        self.config = config
+        vlm = tok = None
+        if config.mot.use_understanding:
+            vlm, tok = base if base is not None else load_vlm(config.base_path)
+        elif base is not None:
+            raise ConfigError("DrivingVLA: the noreason arm has no understanding expert; pass no base")
+        self.mot = AutoMoT(config.mot, vlm)
+        self.tokenizer = tok
+        self.spec = patch_spec_of(vlm, config.image_size) if vlm is not None else None
+        self.prompter = Prompter(tok, self.spec.tokens_per_image, config.history) if vlm is not None else None
+        self.refiner = WaypointRefiner(RefinerConfig.from_dict(config.refiner)) if config.refiner else None
+        self.set_stage("vla")
+
+    @classmethod
+    def build_for_loading(cls, config: DrivingVLAConfig) -> DrivingVLA:
+        """Around the base's architecture and tokenizer; in the ``automot`` arm without its weights (the folder
+        stores every VLM tensor, fine-tuned)."""
+        if config.arm == "automot":
+            from core.vlm import load_vlm
+
+            return cls(config, base=load_vlm(config.base_path, weights=False))
+        return cls(config)
+
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but the (frozen, unchanged) VLM in the ``frozen`` arm; everything otherwise."""
+        state = self.state_dict()
+        if self.config.arm == "frozen":
+            return {k: v for k, v in state.items() if not k.startswith("mot.vlm.")}
+        return state
+
+    def set_stage(self, stage: str) -> None:
+        """Which part trains: ``vla`` (the joint model, the VLM unless frozen) or ``refiner``."""
+        if stage not in STAGES:
+            raise ConfigError(f"DrivingVLA stage must be one of {STAGES}, got {stage!r}")
+        if stage == "refiner" and self.refiner is None:
+            raise ConfigError("DrivingVLA: no refiner to train (model.refiner_steps=0)")
+        self.stage = stage
+        self.mot.requires_grad_(stage == "vla")
+        if self.mot.vlm is not None and self.config.mot.freeze_understanding:
+            self.mot.vlm.requires_grad_(False)
+        if self.refiner is not None:
+            self.refiner.requires_grad_(stage == "refiner")
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> DrivingVLA:
+        super().train(mode)
+        if getattr(self, "stage", "vla") == "refiner":
+            self.mot.eval()  # the refiner learns from the VLA as it runs at inference
+        return self
+
+    def forward(self, batch: dict[str, Any]) -> AutoMoTOutput:
+        """The joint model's output (``AutoMoT.forward``)."""
+        return self.mot(batch)
+
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if self.stage == "refiner":
+            with torch.no_grad():
+                out = self.mot(batch)
+            return {"loss": self.refiner.loss(out.features, out.waypoints, batch["waypoints"])}
+        losses = self.mot.loss(self.mot(batch), batch)
+        if self.config.lm_loss_weight > 0 and "lm_input_ids" in batch:
+            lm = self.mot.understanding_lm_loss({
+                "input_ids": batch["lm_input_ids"], "attention_mask": batch["lm_attention_mask"],
+                "labels": batch["lm_labels"], "pixel_values": batch["pixel_values"],
+                "image_grid_thw": batch["image_grid_thw"]})
+            losses["lm"] = lm
+            losses["loss"] = losses["loss"] + self.config.lm_loss_weight * lm
+        return losses
+
+
+def tiny_example(workdir: Path):
+    """The contract test's ``ModelExample``: the ``automot`` arm (understanding expert fine-tuned, reasoning-text
+    loss, a refiner) around a tiny Qwen2.5-VL base written once into ``workdir/base``."""
+    from core.testing import ModelExample
+    from core.vlm import VLMConfig, build_tokenizer, build_vlm, load_tokenizer, save_vlm
+    from driving.automot.configuration_automot import META_ACTIONS, REASON_PROMPT
+
+    base = (Path(workdir) / "base").resolve()
+    sizes = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vision_depth=1,
+                 vision_hidden=32, vision_intermediate=64, vision_heads=2)
+    if not (base / "config.json").is_file():
+        tok = build_tokenizer([REASON_PROMPT, "Follow the road. Turn left in 30 m.", *META_ACTIONS] * 4,
+                              vocab_size=300)
+        tok.add_tokens(list(META_ACTIONS))
+        vcfg = VLMConfig(vocab_size=len(tok), **sizes)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            vlm = build_vlm(vcfg)
+        save_vlm(base, vlm, tok, vcfg.patch_spec(32))
+    tok = load_tokenizer(base)
+    mot = AutoMoTConfig(expert_hidden_size=32, expert_intermediate_size=64, n_reason=2, n_route=4, n_wp=3,
+                        n_target=2, ego_dim=6, bev_patch=8, wp_weights=[2.0, 1.0, 1.0],
+                        meta_action_token_ids=[tok.convert_tokens_to_ids(m) for m in META_ACTIONS])
+    config = DrivingVLAConfig(arm="automot", base_path=str(base), image_size=32, history=1, mot=mot,
+                              refiner={"cond_dim": 3 * 32, "n_wp": 3, "hidden": 16, "layers": 1, "steps": 2},
+                              lm_loss_weight=0.5)
+
+    spec = VLMConfig(vocab_size=len(tok), **sizes).patch_spec(32)
+
+    def batch(train: bool) -> dict[str, Any]:
+        from driving.automot.inputs import Prompter, model_batch
+
+        g = torch.Generator().manual_seed(0)
+        s = {"images": torch.rand(2, 1, 3, 32, 64, generator=g),
+             "bev": (torch.rand(2, 6, 16, 16, generator=g) > 0.8).float(),
+             "target_points": torch.randn(2, 2, 2, generator=g) * 10, "ego": torch.randn(2, 6, generator=g),
+             "instruction": ["Turn left in 30 m.", "Follow the road."]}
+        if train:
+            s.update(meta_action=torch.tensor([0, 2]), route=torch.randn(2, 4, 2, generator=g),
+                     waypoints=torch.randn(2, 3, 2, generator=g).cumsum(1), velocity=torch.rand(2, generator=g) * 10)
+        answers = ["slow_down: a car ahead", "keep_lane: the road is free"] if train else None
+        return model_batch(s, Prompter(tok, spec.tokens_per_image, 1), spec,
+                           questions=[REASON_PROMPT] * 2 if train else None, lm_answers=answers)
+
+    return ModelExample(build=lambda: DrivingVLA(config), inputs=lambda: batch(False),
+                        train_inputs=lambda: batch(True), run=lambda m, b: m(b))
+
+
+__all__ = ["AutoMoT", "AutoMoTOutput", "DrivingVLA", "PrefixCache", "block_mask", "tiny_example"]

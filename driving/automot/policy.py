@@ -33,18 +33,17 @@ class AutoMoTPolicy:
 
     def __init__(self, env: Any, checkpoint: str | Path, update_interval: int = 2, refiner: bool = False,
                  device: str = "cpu", seed: int = 0):
-        from driving.automot.task import load_policy_model
+        from driving.automot.task import load_policy
         from driving.controller import WaypointController
 
         if int(update_interval) < 1:
             raise ConfigError(f"update_interval must be >= 1, got {update_interval}")
-        self.policy = load_policy_model(checkpoint, device)
-        if refiner and self.policy["refiner"] is None:
+        self.vla = load_policy(checkpoint, device)
+        if refiner and self.vla.refiner is None:
             raise CheckpointError(f"{checkpoint}: refiner=true but this policy folder has no refiner")
-        self.mot, self.device = self.policy["mot"], device
+        self.mot, self.device = self.vla.mot, device
         self.update_interval, self.use_refiner, self.seed = int(update_interval), bool(refiner), int(seed)
-        meta = self.policy["meta"]
-        self.history = int(meta["model"]["history"])
+        self.history = int(self.vla.config.history)
         inner = env.unwrapped
         self.scenario = getattr(inner, "scenario", "highway")
         self.controller = WaypointController(dt=1.0 / float(getattr(inner, "policy_frequency", 5)))
@@ -69,15 +68,14 @@ class AutoMoTPolicy:
             self.frames.append(frame)
         s = live_sample(list(self.frames), obs, info, self.scenario, self.mot.cfg.n_target, self.mot.cfg.n_route)
         fresh = self.mot.vlm is not None and (self.prefix is None or self.calls % self.update_interval == 0)
-        batch = to_device(model_batch(s, self.policy["prompter"] if fresh else None, self.policy["spec"]),
-                          self.device)
+        batch = to_device(model_batch(s, self.vla.prompter if fresh else None, self.vla.spec), self.device)
         if fresh:
             self.prefix = self.mot.encode_prefix(batch)
         out = self.mot.act(self.prefix, batch)
         self.calls += 1
         wp = out.waypoints
         if self.use_refiner:
-            wp = self.policy["refiner"].refine(out.features, out.waypoints, generator=self.generator)
+            wp = self.vla.refiner.refine(out.features, out.waypoints, generator=self.generator)
         return wp[0].float().cpu().numpy(), self.names[int(out.meta_logits[0].argmax())]
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Registers AutoMoT (named in pyproject's ``embodied.methods`` entry points): train / eval tasks, configs, the
-``automot`` and ``noreason`` driving policies and the demo section."""
+"""Registers AutoMoT (named in pyproject's ``embodied.methods`` entry points): train / eval tasks, configs,
+the ``automot`` and ``noreason`` driving policies, the demo section and the arms."""
 
 from core.registry import POLICIES, register_method
 
@@ -7,10 +7,15 @@ register_method(
     "automot",
     folder="driving/automot",
     description="mixture-of-transformers driving VLA (a VLM understanding expert + an action expert, joint "
-                "attention, asynchronous inference, a flow-matching waypoint refiner), closed loop in highway-env",
+                "attention, asynchronous inference, a flow-matching waypoint refiner), closed loop in "
+                "highway-env",
     task="driving.automot.task",
     config="driving.automot.configuration_automot",
+    model="driving.automot.modeling_automot:DrivingVLA",
+    example="driving.automot.modeling_automot:tiny_example",
     policy="driving.automot.policy:make_policy",
     demo="driving.automot.demo:demo_section",
+    # same data, base VLM, steps, harness; out_dir follows model.arm
+    arms={"automot": [], "frozen": ["model.arm=frozen"], "noreason": ["model.arm=noreason"]},
 )
 POLICIES.register("noreason", "driving.automot.policy:make_noreason_policy", overwrite=True)

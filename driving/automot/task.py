@@ -12,10 +12,12 @@ train:
   ``noreason`` has none ->
   the refiner (``<out_dir>/refiner``): flow matching on the waypoints, conditioned on the frozen VLA's features
   and coarse plan ->
-  ``<out_dir>/policy``: a self-contained folder (the VLM, the trained weights, the refiner, ``automot.json``).
+  ``<out_dir>/policy``: the ``DrivingVLA``'s ``save_pretrained`` folder (``config.json`` + ``model.safetensors``
+  + ``README.md``: the trained weights and the refiner; the base VLM referenced by its absolute path).
 
 evaluate: open loop on the held-out logs (L2 at 1 / 2 / 3 s, ADE, meta-action accuracy, coarse and refined;
-general reasoning: the understanding expert's scene-QA answer accuracy next to the base's), then closed loop
+general reasoning: ``qa_token_match`` of the understanding expert on held-out scene QA, next to the base's), then
+closed loop
 through ``driving.evaluate`` in every scenario (``data.eval_episodes`` episodes, update interval
 ``model.update_interval``, refiner on / off). Writes ``<out_dir>/eval.json``.
 """
@@ -24,9 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from torch import nn
 
 from core.config import TrainerConfig, save_resolved, to_container, to_object
 from core.errors import CheckpointError, ConfigError
-from core.io import read_json, write_json
+from core.io import write_json
 from core.logging import get_logger
 from driving.automot.configuration_automot import (
     META_ACTIONS,
@@ -45,15 +45,13 @@ from driving.automot.configuration_automot import (
     AutoMoTConfig,
     AutoMoTDataConfig,
     AutoMoTModelConfig,
+    DrivingVLAConfig,
 )
 
 log = get_logger("embodied.automot")
 
 POLICY_DIR = "policy"
-POLICY_FILE = "automot.json"
-WEIGHTS_FILE = "automot.safetensors"
-REFINER_FILE = "refiner.safetensors"
-BASE_DIR = "base"
+LEGACY_POLICY_FILE = "automot.json"  # the folder format before DrivingVLA.save_pretrained
 
 
 # -- data ----------------------------------------------------------------------------------------------------------
@@ -119,26 +117,6 @@ def understanding_collate(items: list[dict[str, Any]], prompter: Any, spec: Any)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels, "pixel_values": pv, "image_grid_thw": grid}
 
 
-class UnderstandingModel(nn.Module):
-    """The VLM trained on driving QA / reasoning (next-token loss on the answers): the base's pretraining."""
-
-    def __init__(self, vlm: nn.Module):
-        super().__init__()
-        self.vlm = vlm
-
-    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return {"loss": lm_loss(self.vlm, batch)}
-
-
-def lm_loss(vlm: nn.Module, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
-    from core.vlm import image_token_id, next_token_loss, vlm_inputs
-
-    ids = batch[f"{prefix}input_ids"]
-    kw = vlm_inputs(vlm, ids, batch[f"{prefix}attention_mask"], batch["pixel_values"], batch["image_grid_thw"])
-    kw.setdefault("mm_token_type_ids", (ids == image_token_id(vlm)).long())  # Qwen2.5-VL's 3-D positions too
-    return next_token_loss(vlm(**kw).logits, batch[f"{prefix}labels"])
-
-
 def tokenizer_corpus(base: Any, limit: int = 4000) -> list[str]:
     """Text the tokenizer is trained on: prompts, instructions, reasoning answers and QA pairs of the logs."""
     lines = [SYSTEM_PROMPT, REASON_PROMPT, *META_ACTIONS]
@@ -165,47 +143,24 @@ def meta_token_ids(tok: Any, names: tuple[str, ...] = META_ACTIONS) -> list[int]
 
 
 def ensure_base(model_cfg: AutoMoTModelConfig, data: AutoMoTDataConfig, tcfg: TrainerConfig):
-    """(vlm, tokenizer) from ``model.base_path``; pretrained there on driving QA + reasoning if it holds none."""
-    from core.outputs import lock_folder
-    from core.vlm import VLMConfig, build_tokenizer, build_vlm, load_vlm, save_vlm
+    """(vlm, tokenizer) from ``model.base_path``; pretrained there on driving QA + reasoning if it holds none
+    (``core.vlm.ensure_base_vlm``: under a lock, resumable; the meta-action names become whole tokens)."""
+    from core.vlm import BasePretraining, ensure_base_vlm
+    from driving.automot.inputs import Prompter
 
-    base = Path(model_cfg.base_path)
-    if not (base / "config.json").is_file() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(f"{base}: no base VLM there; pretrain it in one process first (embodied train automot "
-                          "with the same model.base_path) or point model.base_path at a local VLM folder")
-    with lock_folder(base.with_name(base.name + ".pretrain"), wait=24 * 3600):
-        if not (base / "config.json").is_file():
-            from core.trainer import Trainer
-            from core.vlm import load_tokenizer
-            from driving.automot.inputs import Prompter
-
-            train = samples(model_cfg, data, "train", qa=True)
-            run_dir = base.with_name(base.name + ".run")
-            tok_dir = run_dir / "tokenizer"
-            if (tok_dir / "tokenizer.json").is_file():  # a resumed pretraining keeps its tokenizer
-                tok = load_tokenizer(tok_dir)
-            else:
-                tok = build_tokenizer(tokenizer_corpus(train), vocab_size=model_cfg.tokenizer_vocab)
-                tok.add_tokens(list(META_ACTIONS))
-                tok.save_pretrained(tok_dir)
-            vcfg = VLMConfig(**{**dict(model_cfg.vlm), "vocab_size": len(tok)})
-            torch.manual_seed(tcfg.seed)
-            vlm = build_vlm(vcfg)
-            spec = vcfg.patch_spec(model_cfg.image_size)
-            prompter = Prompter(tok, spec.tokens_per_image, model_cfg.history)
-            ds = UnderstandingSet(train, tcfg.seed)
-            pcfg = dataclasses.replace(tcfg, max_steps=model_cfg.pretrain_steps, batch_size=model_cfg.pretrain_batch,
-                                       optim=dataclasses.replace(tcfg.optim, lr=model_cfg.pretrain_lr),
-                                       scheduler=dataclasses.replace(tcfg.scheduler, name="cosine"))
-            log.info("pretraining the understanding expert on %d driving steps (QA + reasoning) for %d steps -> %s",
-                     len(ds), model_cfg.pretrain_steps, base)
-            Trainer(UnderstandingModel(vlm), ds, pcfg, run_dir, run_config={"model": dataclasses.asdict(model_cfg)},
-                    collate_fn=functools.partial(understanding_collate, prompter=prompter, spec=spec)).fit()
-            card = {"what": "tiny Qwen2.5-VL-class model pretrained on driving-scene QA and reasoning text by "
-                            "`embodied train automot`", "vlm": dataclasses.asdict(vcfg), "examples": len(ds),
-                    "steps": model_cfg.pretrain_steps, "meta_action_tokens": list(META_ACTIONS)}
-            save_vlm(base, vlm, tok, spec, extra_files={"pretraining.json": json.dumps(card, indent=1)})
-    return load_vlm(base)
+    train = functools.cache(lambda: samples(model_cfg, data, "train", qa=True))
+    how = BasePretraining(sizes=dict(model_cfg.vlm), image_size=model_cfg.image_size,
+                          tokenizer_vocab=model_cfg.tokenizer_vocab, steps=model_cfg.pretrain_steps,
+                          batch_size=model_cfg.pretrain_batch, lr=model_cfg.pretrain_lr,
+                          extra_tokens=tuple(META_ACTIONS), method="automot",
+                          what="tiny Qwen2.5-VL-class model pretrained on driving-scene QA and reasoning text by "
+                               "`embodied train automot`")
+    return ensure_base_vlm(
+        model_cfg.base_path, how, tcfg, corpus=lambda: tokenizer_corpus(train()),
+        dataset=lambda tok, spec: UnderstandingSet(train(), tcfg.seed),
+        collate=lambda tok, spec: functools.partial(understanding_collate, spec=spec,
+                                                    prompter=Prompter(tok, spec.tokens_per_image, model_cfg.history)),
+        run_config={"model": dataclasses.asdict(model_cfg)}, card={"meta_action_tokens": list(META_ACTIONS)})
 
 
 # -- the VLA ------------------------------------------------------------------------------------------------------
@@ -224,22 +179,6 @@ def mot_config(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | 
     return AutoMoTConfig.from_dict(values)
 
 
-class DrivingVLA(nn.Module):
-    """``AutoMoT`` + its training objective (and the understanding expert's language loss in the automot arm)."""
-
-    def __init__(self, mot: nn.Module, lm_weight: float = 0.0):
-        super().__init__()
-        self.mot, self.lm_weight = mot, float(lm_weight)
-
-    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        losses = self.mot.loss(self.mot(batch), batch)
-        if self.lm_weight > 0 and "lm_input_ids" in batch:
-            lm = lm_loss(self.mot.vlm, batch, prefix="lm_")
-            losses["lm"] = lm
-            losses["loss"] = losses["loss"] + self.lm_weight * lm
-        return losses
-
-
 def vla_collate(items: list[dict[str, Any]], prompter: Any, spec: Any, lm: bool) -> dict[str, Any]:
     from driving.automot.data import collate_driving
     from driving.automot.inputs import model_batch
@@ -251,107 +190,62 @@ def vla_collate(items: list[dict[str, Any]], prompter: Any, spec: Any, lm: bool)
                        lm_answers=answers)
 
 
+def policy_config(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None) -> DrivingVLAConfig:
+    """The resolved ``DrivingVLAConfig`` an arm trains (geometry and meta-action ids from the VLM, the refiner's
+    ``cond_dim``)."""
+    mot = mot_config(model_cfg, vlm, tok)
+    lm = model_cfg.arm == "automot" and model_cfg.lm_loss_weight > 0
+    return DrivingVLAConfig(arm=model_cfg.arm, base_path=model_cfg.base_path if vlm is not None else "",
+                            image_size=model_cfg.image_size, history=model_cfg.history, mot=mot,
+                            refiner=refiner_config(model_cfg, mot).to_dict() if model_cfg.refiner_steps > 0 else None,
+                            lm_loss_weight=model_cfg.lm_loss_weight if lm else 0.0)
+
+
+def build_policy(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None):
+    """The ``DrivingVLA`` of an arm around an already loaded base (``vlm``, ``tok``; None for noreason)."""
+    from driving.automot.modeling_automot import DrivingVLA
+
+    return DrivingVLA(policy_config(model_cfg, vlm, tok), base=(vlm, tok) if vlm is not None else None)
+
+
 def build_policy_model(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None):
-    """(AutoMoT, Prompter | None, PatchSpec | None) for an arm."""
-    from core.vlm import patch_spec_of
-    from driving.automot.inputs import Prompter
-    from driving.automot.modeling_automot import AutoMoT
-
-    cfg = mot_config(model_cfg, vlm, tok)
-    if vlm is None:
-        return AutoMoT(cfg, None), None, None
-    spec = patch_spec_of(vlm, model_cfg.image_size)
-    return AutoMoT(cfg, vlm), Prompter(tok, spec.tokens_per_image, model_cfg.history), spec
+    """(AutoMoT, Prompter | None, PatchSpec | None) of an arm (the joint model alone, e.g. for benchmarks)."""
+    vla = build_policy(model_cfg, vlm, tok)
+    return vla.mot, vla.prompter, vla.spec
 
 
-class RefinerStage(nn.Module):
-    """The refiner trained on the frozen VLA's features and coarse waypoints (flow-matching loss)."""
-
-    def __init__(self, mot: nn.Module, refiner: nn.Module):
-        super().__init__()
-        self.mot, self.refiner = mot.eval().requires_grad_(False), refiner
-
-    def train(self, mode: bool = True):  # the VLA stays in eval mode
-        super().train(mode)
-        self.mot.eval()
-        return self
-
-    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            out = self.mot(batch)
-        return {"loss": self.refiner.loss(out.features, out.waypoints, batch["waypoints"])}
-
-
-def refiner_config(model_cfg: AutoMoTModelConfig, mot: nn.Module):
+def refiner_config(model_cfg: AutoMoTModelConfig, mot: Any):
+    """The refiner's ``RefinerConfig`` for a joint model (an ``AutoMoT`` or its ``AutoMoTConfig``)."""
     from driving.automot.refiner import RefinerConfig
 
-    cond = mot.cfg.n_wp * mot.cfg.expert_hidden_size
-    return RefinerConfig.from_dict({**dict(model_cfg.refiner), "cond_dim": cond, "n_wp": mot.cfg.n_wp})
+    cfg = getattr(mot, "cfg", mot)
+    cond = cfg.n_wp * cfg.expert_hidden_size
+    return RefinerConfig.from_dict({**dict(model_cfg.refiner), "cond_dim": cond, "n_wp": cfg.n_wp})
 
 
 # -- the policy folder ---------------------------------------------------------------------------------------------
-def save_policy(folder: Path, mot: nn.Module, refiner: nn.Module | None, model_cfg: AutoMoTModelConfig,
-                data: AutoMoTDataConfig, meta: dict[str, Any]) -> Path:
-    """``base/`` (the understanding expert's config, tokenizer and processor — its weights are in the next file),
-    the trained weights (the whole AutoMoT, VLM included), the refiner and ``automot.json``; written aside, then
-    renamed."""
-    from core.checkpoint import save_weights
-
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if mot.vlm is not None:
-        shutil.copytree(Path(model_cfg.base_path), tmp / BASE_DIR,
-                        ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "qa_eval.json"))
-    save_weights({k: v.detach().cpu().contiguous() for k, v in mot.state_dict().items()}, tmp / WEIGHTS_FILE)
-    if refiner is not None:
-        save_weights({k: v.detach().cpu().contiguous() for k, v in refiner.state_dict().items()}, tmp / REFINER_FILE)
-    write_json(tmp / POLICY_FILE, {"kind": "automot", "model": dataclasses.asdict(model_cfg),
-                                   "mot": mot.cfg.to_dict(), "env_image_size": data.image_size,
-                                   "scenarios": list(data.scenarios), **meta})
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    return folder
-
-
-def load_policy_model(folder: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """A policy folder (or a run folder holding ``policy/``) -> ``{"mot", "refiner", "prompter", "spec",
-    "meta"}``, in eval mode.
+def load_policy(folder: str | Path, device: str | torch.device = "cpu"):
+    """A policy folder (or a run folder holding ``policy/``) -> the ``DrivingVLA``, in eval mode and frozen
+    (``DrivingVLA.from_pretrained``: strict, the base resolved from the folder's reference).
 
     Raises:
-        CheckpointError: Not an AutoMoT policy folder, or its files are missing / unreadable.
+        CheckpointError: Not an AutoMoT policy folder, one in the former layout, or unreadable files.
     """
-    from core.checkpoint import load_weights
+    from core.checkpoint import CONFIG_FILE
+    from driving.automot.modeling_automot import DrivingVLA
 
     folder = Path(folder)
-    if (folder / POLICY_DIR / POLICY_FILE).is_file():
+    if (folder / POLICY_DIR / CONFIG_FILE).is_file() or (folder / POLICY_DIR / LEGACY_POLICY_FILE).is_file():
         folder = folder / POLICY_DIR
-    if not (folder / POLICY_FILE).is_file():
-        raise CheckpointError(f"{folder}: not an AutoMoT policy folder (no {POLICY_FILE}); train one with "
-                              "`embodied train automot`")
-    meta = read_json(folder / POLICY_FILE)
-    model_cfg = AutoMoTModelConfig(**meta["model"])
-    vlm = tok = None
-    if model_cfg.arm != "noreason":
-        from core.vlm import load_vlm
-
-        vlm, tok = load_vlm(folder / BASE_DIR, weights=False)  # the weights come with WEIGHTS_FILE
-    mot, prompter, spec = build_policy_model(model_cfg, vlm, tok)
-    state = load_weights(folder / WEIGHTS_FILE)
-    missing, unexpected = mot.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{folder}: {WEIGHTS_FILE} does not match the model ({len(missing)} missing, e.g. "
-                              f"{missing[:1]}; {len(unexpected)} unexpected, e.g. {unexpected[:1]})")
-    refiner = None
-    if (folder / REFINER_FILE).is_file():
-        from driving.automot.refiner import WaypointRefiner
-
-        refiner = WaypointRefiner(refiner_config(model_cfg, mot))
-        refiner.load_state_dict(load_weights(folder / REFINER_FILE))
-        refiner = refiner.to(device).eval().requires_grad_(False)
-    return {"mot": mot.to(device).eval().requires_grad_(False), "refiner": refiner, "prompter": prompter,
-            "spec": spec, "meta": meta}
+    if (folder / LEGACY_POLICY_FILE).is_file():
+        raise CheckpointError(f"{folder}: an AutoMoT policy folder in the former layout ({LEGACY_POLICY_FILE}); "
+                              "retrain it with `embodied train automot` (the folder is now "
+                              "DrivingVLA.save_pretrained's)")
+    if not (folder / CONFIG_FILE).is_file() or not (folder / "model.safetensors").is_file():
+        raise CheckpointError(f"{folder}: not an AutoMoT policy folder (no {CONFIG_FILE} + model.safetensors); "
+                              "train one with `embodied train automot`")
+    vla = DrivingVLA.from_pretrained(folder, device=device)
+    return vla.requires_grad_(False)
 
 
 # -- train / evaluate ----------------------------------------------------------------------------------------------
@@ -377,35 +271,36 @@ def train(cfg) -> dict[str, Any]:
     seed_everything(tcfg.seed)
     vlm, tok = ensure_base(model_cfg, data, tcfg) if model_cfg.arm != "noreason" else (None, None)
     seed_everything(tcfg.seed)
-    mot, prompter, spec = build_policy_model(model_cfg, vlm, tok)
-    lm = model_cfg.arm == "automot" and model_cfg.lm_loss_weight > 0
+    vla = build_policy(model_cfg, vlm, tok)
+    lm = vla.config.lm_loss_weight > 0
     ds = samples(model_cfg, data, "train")
-    collate = functools.partial(vla_collate, prompter=prompter, spec=spec, lm=lm)
+    collate = functools.partial(vla_collate, prompter=vla.prompter, spec=vla.spec, lm=lm)
     log.info("%s: imitation on %d logged steps for %d steps (trainable %d parameters)", model_cfg.arm, len(ds),
-             tcfg.max_steps, sum(p.numel() for p in mot.trainable_parameters()))
-    vla = DrivingVLA(mot, model_cfg.lm_loss_weight if lm else 0.0)
-    results = {"vla": Trainer(vla, ds, tcfg, out_dir / "vla", run_config=run_config, collate_fn=collate).fit()["metrics"]}
-    refiner = None
-    if model_cfg.refiner_steps > 0:
-        from driving.automot.refiner import WaypointRefiner
-
+             tcfg.max_steps, sum(p.numel() for p in vla.parameters() if p.requires_grad))
+    trainer = Trainer(vla, ds, tcfg, out_dir / "vla", run_config=run_config, collate_fn=collate)
+    results = {"vla": trainer.fit()["metrics"]}
+    if vla.refiner is not None:
         seed_everything(tcfg.seed + 1)
-        refiner = WaypointRefiner(refiner_config(model_cfg, mot))
+        vla.set_stage("refiner")
         rcfg = dataclasses.replace(tcfg, max_steps=model_cfg.refiner_steps, ema_decay=None,
                                    optim=dataclasses.replace(tcfg.optim, lr=model_cfg.refiner_lr))
-        results["refiner"] = Trainer(RefinerStage(mot, refiner), ds, rcfg, out_dir / "refiner",
-                                     run_config=run_config, collate_fn=collate).fit()["metrics"]
-    save_policy(out_dir / POLICY_DIR, mot, refiner, model_cfg, data,
-                {"stages": results, "command": f"embodied train automot model.arm={model_cfg.arm} "
-                                               f"trainer.seed={tcfg.seed} trainer.max_steps={tcfg.max_steps}"})
+        results["refiner"] = Trainer(vla, ds, rcfg, out_dir / "refiner", run_config=run_config,
+                                     collate_fn=collate).fit()["metrics"]
+    vla.set_stage("vla")
+    command = (f"embodied train automot model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
+               f"trainer.max_steps={tcfg.max_steps}")
+    vla.save_pretrained(out_dir / POLICY_DIR, card={"command": command, "stages": results,
+                                                    "env_image_size": data.image_size,
+                                                    "scenarios": list(data.scenarios)},
+                        run_config={k: v for k, v in run_config.items() if k != "model"})
     return {"arm": model_cfg.arm, "stages": results, "policy": str(out_dir / POLICY_DIR)}
 
 
 @torch.no_grad()
-def predict_waypoints(policy: dict[str, Any], batch: dict[str, Any], refine: bool, seed: int = 0) -> dict[str, Any]:
-    """The coarse (and refined) plans and the meta-action of a model batch."""
-    mot, refiner = policy["mot"], policy["refiner"]
-    out = mot(batch)
+def predict_waypoints(policy: Any, batch: dict[str, Any], refine: bool, seed: int = 0) -> dict[str, Any]:
+    """The coarse (and refined) plans and the meta-action of a model batch (``policy``: a ``DrivingVLA``)."""
+    refiner = policy.refiner
+    out = policy(batch)
     res = {"coarse": out.waypoints, "meta": out.meta_logits.argmax(-1)}
     if refine and refiner is not None:
         g = torch.Generator().manual_seed(seed)
@@ -413,7 +308,7 @@ def predict_waypoints(policy: dict[str, Any], batch: dict[str, Any], refine: boo
     return res
 
 
-def openloop(policy: dict[str, Any], ds: Any, batch: int = 64, limit: int | None = None) -> dict[str, Any]:
+def openloop(policy: Any, ds: Any, batch: int = 64, limit: int | None = None) -> dict[str, Any]:
     """Open-loop metrics on logged steps: L2 at 1 / 2 / 3 s, ADE and the collision rate of the coarse (and
     refined) plans against the logged future (other agents at their logged positions at the waypoint times,
     ``driving.openloop``), and meta-action accuracy against the expert's label. ``gt_collision_rate`` is the same
@@ -436,7 +331,7 @@ def openloop(policy: dict[str, Any], ds: Any, batch: int = 64, limit: int | None
     gts, hits, afs = [], [], []
     for lo in range(0, n, batch):
         s = collate_driving([ds[int(i)] for i in idx[lo: lo + batch]])
-        res = predict_waypoints(policy, model_batch(s, policy["prompter"], policy["spec"]), refine=True, seed=lo)
+        res = predict_waypoints(policy, model_batch(s, policy.prompter, policy.spec), refine=True, seed=lo)
         for k in preds:
             if k in res:
                 preds[k].append(res[k].cpu().numpy())
@@ -455,10 +350,15 @@ def openloop(policy: dict[str, Any], ds: Any, batch: int = 64, limit: int | None
 
 
 @torch.no_grad()
-def qa_accuracy(vlm: nn.Module, prompter: Any, spec: Any, ds: Any, n: int = 300, seed: int = 0) -> dict[str, Any]:
-    """General reasoning kept: the share of held-out scene-QA / reasoning answers whose every token is the
-    understanding expert's argmax under teacher forcing (exact match), over ``n`` drawn steps."""
-    from core.vlm import image_token_id, vlm_inputs
+def qa_token_match(vlm: nn.Module, prompter: Any, spec: Any, ds: Any, n: int = 300, seed: int = 0) -> dict[str, Any]:
+    """General reasoning kept (``qa_token_match``): the share of held-out scene-QA / reasoning answers whose every
+    token (the closing ``<|im_end|>`` included) is the understanding expert's argmax under teacher forcing, over
+    ``n`` drawn steps.
+
+    Token for token this is "greedy decoding reproduces the reference answer"; it is stricter than Deep-VRM's
+    ``qa_exact_match`` (generated text compared after normalising case and punctuation), hence its own name.
+    """
+    from core.vlm import vlm_inputs
 
     sset = UnderstandingSet(ds, seed)
     idx = np.random.default_rng(seed).choice(len(ds), size=min(n, len(ds)), replace=False)
@@ -466,7 +366,6 @@ def qa_accuracy(vlm: nn.Module, prompter: Any, spec: Any, ds: Any, n: int = 300,
     for lo in range(0, len(idx), 32):
         b = understanding_collate([sset[int(i)] for i in idx[lo: lo + 32]], prompter, spec)
         kw = vlm_inputs(vlm, b["input_ids"], b["attention_mask"], b["pixel_values"], b["image_grid_thw"])
-        kw.setdefault("mm_token_type_ids", (b["input_ids"] == image_token_id(vlm)).long())
         pred = vlm(**kw).logits[:, :-1].argmax(-1)
         labels = b["labels"][:, 1:]
         ok = ((pred == labels) | (labels == -100)).all(-1)
@@ -483,19 +382,19 @@ def evaluate(cfg) -> dict[str, Any]:
     model_cfg, data, tcfg = _configs(cfg)
     out_dir = Path(cfg.out_dir)
     ensure_data(data)
-    policy = load_policy_model(out_dir / POLICY_DIR)
+    policy = load_policy(out_dir / POLICY_DIR)
     test = samples(model_cfg, data, "test", stride=1)
     result: dict[str, Any] = {"arm": model_cfg.arm, "openloop": openloop(policy, test, limit=data.eval_samples)}
-    if policy["prompter"] is not None:
+    if policy.prompter is not None:
         from core.vlm import load_vlm
 
         qa_test = samples(model_cfg, data, "test", qa=True, stride=1)
-        result["qa"] = qa_accuracy(policy["mot"].vlm, policy["prompter"], policy["spec"], qa_test)
-        base_vlm, _ = load_vlm(model_cfg.base_path)
-        result["qa_base"] = qa_accuracy(base_vlm.eval(), policy["prompter"], policy["spec"], qa_test)
+        result["qa_token_match"] = qa_token_match(policy.mot.vlm, policy.prompter, policy.spec, qa_test)
+        base_vlm, _ = load_vlm(policy.config.base_path)
+        result["qa_token_match_base"] = qa_token_match(base_vlm.eval(), policy.prompter, policy.spec, qa_test)
     if data.eval_episodes > 0:
         closed = {}
-        for refine in ((False, True) if policy["refiner"] is not None else (False,)):
+        for refine in ((False, True) if policy.refiner is not None else (False,)):
             name = f"n{model_cfg.update_interval}" + ("_refiner" if refine else "")
             rep = evaluate_policy("automot" if model_cfg.arm != "noreason" else "noreason", "all",
                                   data.eval_episodes, out_dir / "closed_loop" / name, seed=data.eval_seed,
@@ -508,5 +407,6 @@ def evaluate(cfg) -> dict[str, Any]:
     ol = result["openloop"]
     log.info("%s: open-loop L2 1/2/3 s %.2f / %.2f / %.2f m (coarse), meta-action acc %.3f%s", model_cfg.arm,
              ol["coarse"]["l2_1s"], ol["coarse"]["l2_2s"], ol["coarse"]["l2_3s"], ol["meta_accuracy"],
-             f"; QA {result['qa']['acc']:.3f} (base {result['qa_base']['acc']:.3f})" if "qa" in result else "")
+             f"; QA token match {result['qa_token_match']['acc']:.3f} (base "
+             f"{result['qa_token_match_base']['acc']:.3f})" if "qa_token_match" in result else "")
     return result

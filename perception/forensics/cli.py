@@ -2,9 +2,10 @@
 
 ``{"path": ..., "verdict": "real" | "fake", "probability": P(fake), "reason": "..."}`` — the probability is the
 verdict prompt's (``sigmoid(log P("fake") - log P("real"))``), the reason the model's answer to the explain prompt.
-A file that cannot be read gets ``{"path": ..., "error": "..."}`` and the others still run; the exit code is then
-1. ``--checkpoint``: a detector folder of ``embodied train deepvrm`` (``<out_dir>/detector``, any arm); default the
-shipped ``assets/checkpoints/deepvrm``.
+Folders are walked for images (``core.data.inputs.expand_inputs``). A file that cannot be read (or does not exist)
+gets ``{"path": ..., "error": "..."}`` and the others still run; the exit code is then 1. ``--checkpoint``: a
+detector folder of ``embodied train deepvrm`` (``<out_dir>/detector``, any arm); default the shipped
+``assets/checkpoints/deepvrm``.
 """
 
 from __future__ import annotations
@@ -15,29 +16,12 @@ from pathlib import Path
 
 from core.errors import DataError, EmbodiedError
 
-EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-
-
-def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Files as given, folders expanded to their images (recursively, sorted); a missing path is kept so that it
-    gets its own error line."""
-    paths: list[Path] = []
-    for raw in inputs:
-        p = Path(raw)
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in EXTENSIONS)
-            if not found:
-                raise DataError(p, "folder holds no images")
-            paths += found
-        else:
-            paths.append(p)
-    return paths
-
 
 def infer(args) -> int:
     import numpy as np
 
     from core.data.imread import read_square
+    from core.data.inputs import expand_inputs
     from core.resources import asset
     from perception.forensics.modeling_deepvrm import DeepVRM
     from perception.forensics.task import detector_prob, explain, load_detector, parse_answer
@@ -47,7 +31,7 @@ def infer(args) -> int:
     folder = Path(args.checkpoint) if getattr(args, "checkpoint", None) else asset("checkpoints", "deepvrm")
     detector, kind = load_detector(folder)
     size = detector.spec.image_size if isinstance(detector, DeepVRM) else int(detector.config().get("size", 64))
-    paths = expand_inputs(list(args.inputs))
+    paths = expand_inputs(args.inputs, keep_missing=True)  # a missing file gets its own error line
     failed = 0
     for i in range(0, len(paths), args.batch):
         lines: list[dict | None] = []  # in input order

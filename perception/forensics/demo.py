@@ -17,12 +17,12 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     import numpy as np
 
     from core.data.imread import read_square
-    from core.io import read_json
-    from perception.forensics.task import DETECTOR_FILE, detector_prob, explain, load_detector, parse_answer
+    from core.pretrained import read_card
+    from perception.forensics.task import detector_prob, explain, load_detector, parse_answer
 
     detector, _ = load_detector(DETECTOR)
     size = detector.spec.image_size
-    meta = read_json(DETECTOR / DETECTOR_FILE)
+    card = read_card(DETECTOR)
     files = sorted((SAMPLES / "images").glob("*.png"))
     images = np.stack([read_square(f, size) for f in files])
     prob = detector_prob(detector, images)
@@ -50,8 +50,8 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     return DemoSection(
         title="Deep-VRM: AI-generated-image forensics with a deep visual residual path (perception/forensics)",
         lead=f"A tiny Qwen2.5-VL-class model pretrained here on image QA, then trained as a forensic detector "
-             f"({html.escape(str(meta.get('command', '')))}): frozen ViT and LLM layers 0..K-1, an artifact "
-             f"encoder on the high-pass image whose tokens join layer K = {meta['model']['inject_layer']} at the "
+             f"({html.escape(str(card.get('command', '')))}): frozen ViT and LLM layers 0..K-1, an artifact "
+             f"encoder on the high-pass image whose tokens join layer K = {detector.config.inject_layer} at the "
              f"image positions, LoRA on the later layers. Below: shipped validation images of every generator "
              f"family (the held-out one included), real and fake; {100 * acc:.0f} % right here.",
         body=body, figures={"sample_accuracy": acc, "samples": len(rows)})

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from core import experiments as ex
-from core.io import atomic_dir, read_json, write_json
+from core.io import read_json, write_json
 
 ARMS = ("deepvrm", "lora", "full", "freq_cnn", "feature_probe")  # the registered arms, in table order
 LABELS = {"deepvrm": "Deep-VRM", "lora": "LoRA only (no residual)", "full": "full fine-tuning",
@@ -70,9 +70,9 @@ def summarise(out: Path, command: str = "") -> dict[str, Any]:
         holdout = evs[0]["holdout"]
         gens = [g for g in evs[0]["per_generator"] if g not in ("all", "mean")]
         rows[arm] = ex.seed_stats(evs, {**{f"{g}.{m}": f"per_generator/{g}/{m}" for g in [*gens, "mean"]
-                                        for m in ("acc", "ap")}, "qa": "qa/acc"})
+                                        for m in ("acc", "ap")}, "qa": "qa_exact_match/acc"})
         if "qa" in rows[arm]:
-            rows[arm]["qa_base"] = evs[0]["qa_base"]["acc"]
+            rows[arm]["qa_base"] = evs[0]["qa_exact_match_base"]["acc"]
     summary = {"command": command, "generators": gens, "holdout": holdout, "rows": rows,
                "trained_on": next(iter(runs.values()))[0]["trained_on"] if runs else []}
     if (out / "probe.json").is_file():
@@ -87,7 +87,7 @@ def table(summary: dict[str, Any]) -> str:
     columns = [ex.Column(f"{g}{' (held out)' if g == hold else ''} acc / AP", (f"{g}.acc", f"{g}.ap"), 100, 1)
                for g in gens]
     columns += [ex.Column("mean acc / AP", ("mean.acc", "mean.ap"), 100, 1),
-                ex.Column("QA after (base)", ("qa", "qa_base"), 100, 1, template="{0} ({1})", missing="n/a")]
+                ex.Column("QA exact match after (base)", ("qa", "qa_base"), 100, 1, template="{0} ({1})", missing="n/a")]
     text = ex.arm_table(summary["rows"], columns, labels=LABELS)
     text += f"\n\nMean ± sd over seeds, in %. Trained on {summary['trained_on']}.\n"
     if "probe" in summary:
@@ -105,13 +105,18 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
     """The demo's assets: Deep-VRM's detector (seed ``seed``), the recorded comparison, and ``per_class`` val
     images of each generator family and class (``images/<generator>_<ai|nature>_<i>.png``)."""
     from core.config import compose
+    from core.pretrained import card_body, read_card, read_config
     from core.resources import asset
     from perception.forensics.genimage import list_generators, scan
+    from perception.forensics.modeling_deepvrm import DeepVRM
 
     src = (run or out / f"deepvrm_s{seed}") / "detector"
-    dst = asset("checkpoints", "deepvrm")
-    with atomic_dir(dst) as tmp:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    card = {k: v for k, v in read_card(src).items() if k not in ("method", "model_class", "parameters", "weights",
+                                                                  "base")}
+    run_config = {k: v for k, v in read_config(src).items() if k not in ("method", "model")}
+    # a self-contained export: the base VLM copied into <asset>/base, referenced relatively
+    DeepVRM.from_pretrained(src).save_pretrained(asset("checkpoints", "deepvrm"), card=card, run_config=run_config,
+                                                  body=card_body(src), copy_base=True)
     samples = asset("samples", "deepvrm")
     samples.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "summary.json", samples / "comparison.json")

@@ -16,9 +16,14 @@ arm            trainable                                    residual path
 ``full``       every weight of the VLM (both stages)         never (full fine-tuning)
 =============  ===========================================  ======================================
 
-LoRA is peft's (``inject_adapter_in_model``: the layers are replaced in place, the model keeps its class). The
-injection is a forward hook on decoder layer K-1 whose output it rewrites, so it works for any Qwen-VL-class model
-that ``core.vlm`` loads, at any size (K = 16 of 28 for Qwen2.5-VL-7B).
+LoRA is ``core.layers.lora.inject_lora`` (peft's layers, replaced in place: the model keeps its class), on the
+linears whose qualified names match the regular expressions below. The injection is a forward hook on decoder
+layer K-1 whose output it rewrites, so it works for any Qwen-VL-class model that ``core.vlm`` loads, at any size
+(K = 16 of 28 for Qwen2.5-VL-7B).
+
+``DeepVRM`` is a ``core.pretrained.PreTrainedModel`` built from a ``DeepVRMModelConfig`` around the base VLM at
+``config.base_path``: a detector folder (``save_pretrained``) stores only ``trained_state_dict()`` (the LoRA
+weights; every VLM weight for ``full``) and references the base, which is opened read-only.
 
 Answers are scored, not only generated: P(fake) = sigmoid(log P("fake" | prompt) - log P("real" | prompt)), the
 two answers' sequence log-probabilities under teacher forcing (AP uses it).
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.errors import ConfigError
+from core.pretrained import PreTrainedModel
 from core.vlm import (
     IGNORE,
     PatchSpec,
@@ -45,11 +52,13 @@ from core.vlm import (
     encode_images,
     image_token_id,
     next_token_loss,
+    patch_spec_of,
     patchify,
     vision_tower,
     vlm_collate,
     vlm_inputs,
 )
+from perception.forensics.configuration_deepvrm import DeepVRMModelConfig
 
 ARMS = ("deepvrm", "lora", "full")
 LLM_TARGETS = r"self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj"
@@ -67,53 +76,71 @@ def high_pass(images: torch.Tensor, gain: float = 4.0) -> torch.Tensor:
     return (0.5 + gain * (images - blur)).clamp(0.0, 1.0)
 
 
-def _lora(model: nn.Module, pattern: str, rank: int, alpha: float, dropout: float, name: str) -> None:
-    from peft import LoraConfig, inject_adapter_in_model
-
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=pattern, bias="none")
-    inject_adapter_in_model(cfg, model, adapter_name=name)
-
-
-class DeepVRM(nn.Module):
+class DeepVRM(PreTrainedModel):
     """A Qwen-VL-class model with Deep-VRM's residual path and trainable-part policy.
 
+    Built from its config around the base VLM (``core.vlm.load_vlm(config.base_path)``), in stage 2 (the
+    residual path on: the detector as it is used); training calls ``set_stage(1)`` first.
+
     Args:
-        vlm: The (pretrained) VLM; it is owned and modified in place (LoRA layers injected).
-        tokenizer: Its tokenizer (chat special tokens).
-        spec: How images are patched (``core.vlm.PatchSpec``).
-        arm: ``deepvrm`` | ``lora`` | ``full`` (see the module docstring).
-        inject_layer: K: the residual joins the input of decoder layer K (1 <= K < number of layers).
-        lora_rank / lora_alpha / lora_dropout: LoRA on the LLM's layers >= K (attention and MLP projections).
-        va_lora_rank: LoRA rank on V_a (its attention and MLP projections and the merger).
-        hp_gain: Gain of the high-pass view.
+        config: ``arm`` (``deepvrm`` | ``lora`` | ``full``, see the module docstring; the baseline arms are not
+            VLMs), ``base_path``, ``image_size``, ``inject_layer`` (K: the residual joins the input of decoder
+            layer K, 1 <= K < number of layers), ``lora_rank`` / ``lora_alpha`` (LoRA on the LLM's layers >= K,
+            attention and MLP projections), ``va_lora_rank`` (LoRA on V_a: its attention and MLP projections
+            and the merger, alpha = 2 x rank), ``hp_gain`` (gain of the high-pass view).
+        base: ``(vlm, tokenizer)`` already loaded from ``config.base_path`` (default: loaded here); it is owned
+            and modified in place (LoRA layers injected).
+        lora_dropout: Dropout on the LoRA inputs (training only; not part of the saved model).
     """
 
-    def __init__(self, vlm: nn.Module, tokenizer: Any, spec: PatchSpec, arm: str = "deepvrm", inject_layer: int = 4,
-                 lora_rank: int = 8, lora_alpha: float = 16.0, lora_dropout: float = 0.0, va_lora_rank: int = 8,
-                 hp_gain: float = 4.0):
+    config_class = DeepVRMModelConfig
+    method = "deepvrm"
+    base_fields = ("base_path",)
+
+    def __init__(self, config: DeepVRMModelConfig, base: tuple[nn.Module, Any] | None = None,
+                 lora_dropout: float = 0.0):
+        from core.layers.lora import inject_lora
+
         super().__init__()
-        if arm not in ARMS:
-            raise ConfigError(f"model.arm must be one of {ARMS}, got {arm!r}")
+        if config.arm not in ARMS:
+            raise ConfigError(f"DeepVRM: model.arm must be one of {ARMS} (the VLM arms), got {config.arm!r}")
+        if base is None:
+            from core.vlm import load_vlm
+
+            base = load_vlm(config.base_path)
+        vlm, tokenizer = base
         layers = decoder_layers(vlm)
-        if not 1 <= inject_layer < len(layers):
+        if not 1 <= config.inject_layer < len(layers):
             raise ConfigError(f"model.inject_layer must be in [1, {len(layers) - 1}] (the LLM has {len(layers)} "
-                              f"layers), got {inject_layer}")
-        self.vlm, self.tokenizer, self.spec, self.arm = vlm, tokenizer, spec, arm
-        self.inject_layer, self.hp_gain = inject_layer, hp_gain
+                              f"layers), got {config.inject_layer}")
+        self.config = config
+        self.vlm, self.tokenizer, self.arm = vlm, tokenizer, config.arm
+        self.spec: PatchSpec = patch_spec_of(vlm, config.image_size)
+        self.inject_layer, self.hp_gain = config.inject_layer, config.hp_gain
         self.image_token = image_token_id(vlm)
         self.pad_id = int(tokenizer.pad_token_id)
         self.artifact_encoder: nn.Module | None = None
-        if arm == "deepvrm":
+        if config.arm == "deepvrm":
             self.artifact_encoder = copy.deepcopy(vision_tower(vlm))
-            _lora(self.artifact_encoder, VISION_TARGETS, va_lora_rank, 2.0 * va_lora_rank, lora_dropout, "va")
-        if arm in ("deepvrm", "lora"):
-            later = "|".join(str(i) for i in range(inject_layer, len(layers)))
+            inject_lora(self.artifact_encoder, VISION_TARGETS, config.va_lora_rank, 2.0 * config.va_lora_rank,
+                        lora_dropout, adapter_name="va")
+        if config.arm in ("deepvrm", "lora"):
+            later = "|".join(str(i) for i in range(config.inject_layer, len(layers)))
             pattern = rf".*language_model\.layers\.({later})\.({LLM_TARGETS})"
-            _lora(self.vlm, pattern, lora_rank, lora_alpha, lora_dropout, "llm")
+            inject_lora(self.vlm, pattern, config.lora_rank, config.lora_alpha, lora_dropout, adapter_name="llm")
         self.residual_on = False
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
-        layers[inject_layer - 1].register_forward_hook(self._inject)
-        self.set_stage(1)
+        layers[config.inject_layer - 1].register_forward_hook(self._inject)
+        self.set_stage(2)
+
+    @classmethod
+    def build_for_loading(cls, config: DeepVRMModelConfig) -> DeepVRM:
+        """Around the base; for ``full`` without its weights (the folder stores every VLM tensor)."""
+        if config.arm == "full":
+            from core.vlm import load_vlm
+
+            return cls(config, base=load_vlm(config.base_path, weights=False))
+        return cls(config)
 
     # -- which parts train ---------------------------------------------------------------------------------------
     def set_stage(self, stage: int) -> None:
@@ -266,4 +293,49 @@ def hidden_states_before_layers(model: DeepVRM, images: torch.Tensor, input_ids:
     return seen
 
 
-__all__ = ["ARMS", "DeepVRM", "IGNORE", "hidden_states_before_layers", "high_pass"]
+def tiny_example(workdir: Path):
+    """The contract test's ``ModelExample``: the ``deepvrm`` arm in stage 2 (residual path on, LoRA made to act)
+    around a tiny Qwen2.5-VL base written once into ``workdir/base`` with ``core.vlm.save_vlm``."""
+    from core.testing import ModelExample
+    from core.vlm import VLMConfig, build_tokenizer, build_vlm, load_tokenizer, save_vlm
+    from perception.forensics.configuration_deepvrm import EXPLAIN_PROMPT, VERDICT_PROMPT
+
+    base = (Path(workdir) / "base").resolve()
+    if not (base / "config.json").is_file():
+        tok = build_tokenizer([VERDICT_PROMPT, EXPLAIN_PROMPT, "real", "fake", "fake. it is upsampled"] * 4,
+                              vocab_size=300)
+        vcfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2,
+                         num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            vlm = build_vlm(vcfg)
+        save_vlm(base, vlm, tok, vcfg.patch_spec(32))
+    tok = load_tokenizer(base)
+    config = DeepVRMModelConfig(arm="deepvrm", base_path=str(base), image_size=32, inject_layer=1, lora_rank=2,
+                                lora_alpha=4.0, va_lora_rank=2)
+
+    def build() -> DeepVRM:
+        model = DeepVRM(config)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # LoRA starts as a no-op (B = 0): make it act, so the outputs depend on it
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.05, generator=g)
+        return model
+
+    def batch(train: bool) -> dict[str, Any]:
+        n = PatchSpec(image_size=32).tokens_per_image
+        samples = [encode(tok, VERDICT_PROMPT, a if train else None, n) for a in ("fake", "real. upsampled")]
+        b = vlm_collate(samples, int(tok.pad_token_id))
+        out = {"images": torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),
+               "input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}
+        if train:
+            out = {"image": out["images"], "input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
+                   "labels": b["labels"]}
+        return out
+
+    return ModelExample(build=build, inputs=lambda: batch(False), train_inputs=lambda: batch(True),
+                        run=lambda m, b: m(**b).logits)
+
+
+__all__ = ["ARMS", "DeepVRM", "IGNORE", "hidden_states_before_layers", "high_pass", "tiny_example"]

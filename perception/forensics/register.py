@@ -9,11 +9,17 @@ register_method(
                 "LoRA-only, full fine-tuning, a frequency CNN and a frozen-feature probe",
     task="perception.forensics.task",
     config="perception.forensics.configuration_deepvrm",
+    model="perception.forensics.modeling_deepvrm:DeepVRM",
+    example="perception.forensics.modeling_deepvrm:tiny_example",
     demo="perception.forensics.demo:demo_section",
+    # same base VLM, data, steps, harness; out_dir follows model.arm
+    arms={"deepvrm": [], "lora": ["model.arm=lora"], "full": ["model.arm=full"],
+          "freq_cnn": ["model.arm=freq_cnn"], "feature_probe": ["model.arm=feature_probe"]},
     infer=[InferSpec(
         "forensics", "perception.forensics.cli:infer",
         "real or fake? one JSON line per image (verdict, probability, reason) from a Deep-VRM detector",
-        (("inputs", dict(nargs="+", metavar="IMAGE|DIR", help="images, or folders of images (searched recursively)")),
+        (("inputs", dict(nargs="+", metavar="IMAGE|DIR",
+                         help="images, or folders of images (searched recursively)")),
          ("--batch", dict(type=int, default=32, help="images per forward")),
          ("--no-reason", dict(action="store_true", help="skip generating the reason (faster)"))),
     )],

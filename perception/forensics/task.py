@@ -9,28 +9,26 @@ train:
   reconstructions (``data.stage2``: hard negatives), next-token loss on the answers ("real" / "fake", or with the
   explain prompt "fake. <reason>"), each stage a resumable ``core.trainer.Trainer`` run
   (``<out_dir>/stage1``, ``<out_dir>/stage2``); baselines (``freq_cnn`` | ``feature_probe``) fitted on the same
-  stage-2 images -> ``<out_dir>/detector`` (a self-contained folder: the base VLM + the trained weights, or
-  the baseline).
+  stage-2 images -> ``<out_dir>/detector``: for a VLM arm ``DeepVRM.save_pretrained``'s folder (the trained
+  weights, ``config.json``, the model card; the base VLM referenced by its absolute path), for a baseline its own
+  ``save`` folder.
 
 evaluate: the detector on every generator's ``val`` split (the held-out family included): accuracy and AP per
-generator (``perception.forensics.metrics``); for VLM arms the general-ability QA accuracy (greedy answers,
-exact match) on the held-out QA images, next to the base's own (``<base_path>/qa_eval.json``); a few reasons.
-Writes ``<out_dir>/eval.json``.
+generator (``perception.forensics.metrics``); for VLM arms the general ability, ``qa_exact_match`` (greedy answers
+equal to the reference after normalisation) on the held-out QA images, next to the base's own (cached in
+``<base_path>/qa_eval.json`` when the base was pretrained here); a few reasons. Writes ``<out_dir>/eval.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from core.config import TrainerConfig, save_resolved, to_container, to_object
 from core.errors import CheckpointError, ConfigError
@@ -47,10 +45,9 @@ from perception.forensics.configuration_deepvrm import (
 log = get_logger("embodied.deepvrm")
 
 DETECTOR_DIR = "detector"
-DETECTOR_FILE = "deepvrm.json"
-WEIGHTS_FILE = "trained.safetensors"
-BASE_DIR = "base"
+LEGACY_DETECTOR_FILE = "deepvrm.json"  # the VLM detector folder format before DeepVRM.save_pretrained
 QA_EVAL_FILE = "qa_eval.json"
+QA_EVAL_VERSION = 2  # 2: qa_exact_match with 3-D multimodal positions (core.vlm.vlm_inputs' mm_token_type_ids)
 
 # Reasons the explain prompt is trained to give: what each trained family's trace looks like. A held-out family
 # has no reason of its own (the model can only say what it has learnt).
@@ -158,21 +155,6 @@ def qa_examples(records, tokenizer: Any, n_image_tokens: int) -> ExampleSet:
 
 
 # -- the base VLM ------------------------------------------------------------------------------------------------
-class QAModel(nn.Module):
-    """A VLM trained on image QA (next-token loss on answers): the base's pretraining."""
-
-    def __init__(self, vlm: nn.Module, spec):
-        super().__init__()
-        self.vlm, self.spec = vlm, spec
-
-    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        from core.vlm import next_token_loss, patchify, vlm_inputs
-
-        pv, grid = patchify(batch["image"], self.spec)
-        out = self.vlm(**vlm_inputs(self.vlm, batch["input_ids"], batch["attention_mask"], pv, grid))
-        return {"loss": next_token_loss(out.logits, batch["labels"])}
-
-
 READ_BACK = "repeat after me: "
 
 
@@ -203,108 +185,65 @@ def tokenizer_corpus(qa_records) -> list[str]:
 
 
 def ensure_base(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, tcfg: TrainerConfig):
-    """(vlm, tokenizer) from ``model.base_path``; pretrained there on image QA first if it holds no model."""
-    from core.outputs import lock_folder
-    from core.vlm import VLMConfig, build_tokenizer, build_vlm, load_vlm, save_vlm, vlm_collate
+    """(vlm, tokenizer) from ``model.base_path``; pretrained there on image QA first if it holds no model
+    (``core.vlm.ensure_base_vlm``: under a lock so that several arms share it, resumable)."""
+    from core.vlm import BasePretraining, ensure_base_vlm
 
-    base = Path(model_cfg.base_path)
-    if not (base / "config.json").is_file() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(f"{base}: no base VLM there; pretrain it in one process first (embodied train deepvrm "
-                          "with the same model.base_path) or point model.base_path at a local VLM folder")
-    with lock_folder(base.with_name(base.name + ".pretrain"), wait=24 * 3600):
-        if not (base / "config.json").is_file():
-            from core.trainer import Trainer
+    sets = functools.cache(lambda: qa_sets(model_cfg, data, ("train",))["train"])
 
-            sets = qa_sets(model_cfg, data, ("train",))
-            run_dir = base.with_name(base.name + ".run")
-            tok_dir = run_dir / "tokenizer"
-            if (tok_dir / "tokenizer.json").is_file():  # a resumed pretraining keeps its tokenizer
-                from core.vlm import load_tokenizer
+    def dataset(tok, spec):
+        qa = qa_examples(sets(), tok, spec.tokens_per_image)
+        read_back = read_back_examples(sets(), max(1, len(qa) // 10), tcfg.seed, tok, spec.tokens_per_image)
+        return torch.utils.data.ConcatDataset([qa, read_back])
 
-                tok = load_tokenizer(tok_dir)
-            else:
-                tok = build_tokenizer(tokenizer_corpus(sets["train"]), vocab_size=model_cfg.tokenizer_vocab)
-                tok.save_pretrained(tok_dir)
-            vcfg = VLMConfig(**{**dict(model_cfg.vlm), "vocab_size": len(tok)})
-            torch.manual_seed(tcfg.seed)
-            vlm = build_vlm(vcfg)
-            spec = vcfg.patch_spec(model_cfg.image_size)
-            qa = qa_examples(sets["train"], tok, spec.tokens_per_image)
-            ds = torch.utils.data.ConcatDataset(
-                [qa, read_back_examples(sets["train"], max(1, len(qa) // 10), tcfg.seed, tok, spec.tokens_per_image)])
-            pcfg = dataclasses.replace(tcfg, max_steps=model_cfg.pretrain_steps, batch_size=model_cfg.pretrain_batch,
-                                       optim=dataclasses.replace(tcfg.optim, lr=model_cfg.pretrain_lr),
-                                       scheduler=dataclasses.replace(tcfg.scheduler, name="cosine"))
-            log.info("pretraining the base VLM on %d QA examples for %d steps -> %s", len(ds),
-                     model_cfg.pretrain_steps, base)
-            Trainer(QAModel(vlm, spec), ds, pcfg, run_dir, run_config={"model": dataclasses.asdict(model_cfg)},
-                    collate_fn=functools.partial(vlm_collate, pad_id=int(tok.pad_token_id))).fit()
-            card = {"what": "tiny Qwen2.5-VL-class model pretrained on image QA by `embodied train deepvrm`",
-                    "vlm": dataclasses.asdict(vcfg), "train_examples": len(ds), "qa_records": len(qa), "steps": model_cfg.pretrain_steps}
-            save_vlm(base, vlm, tok, spec, extra_files={"pretraining.json": json.dumps(card, indent=1)})
-    return load_vlm(base)
+    how = BasePretraining(sizes=dict(model_cfg.vlm), image_size=model_cfg.image_size,
+                          tokenizer_vocab=model_cfg.tokenizer_vocab, steps=model_cfg.pretrain_steps,
+                          batch_size=model_cfg.pretrain_batch, lr=model_cfg.pretrain_lr, method="deepvrm",
+                          what="tiny Qwen2.5-VL-class model pretrained on image QA by `embodied train deepvrm`")
+    return ensure_base_vlm(model_cfg.base_path, how, tcfg, corpus=lambda: tokenizer_corpus(sets()), dataset=dataset,
+                           run_config={"model": dataclasses.asdict(model_cfg)},
+                           card={"qa_records": data.qa_train})
 
 
 # -- building / loading a detector -------------------------------------------------------------------------------
 def build_detector(vlm, tok, model_cfg: DeepVRMModelConfig):
-    from core.vlm import patch_spec_of
+    """A ``DeepVRM`` of ``model_cfg``'s arm around an already loaded base (``vlm``, ``tok``)."""
     from perception.forensics.modeling_deepvrm import DeepVRM
 
-    return DeepVRM(vlm, tok, patch_spec_of(vlm, model_cfg.image_size), arm=model_cfg.arm,
-                   inject_layer=model_cfg.inject_layer, lora_rank=model_cfg.lora_rank,
-                   lora_alpha=model_cfg.lora_alpha, va_lora_rank=model_cfg.va_lora_rank, hp_gain=model_cfg.hp_gain)
-
-
-def save_detector(folder: Path, trained: dict[str, torch.Tensor], model_cfg: DeepVRMModelConfig,
-                  meta: dict[str, Any]) -> Path:
-    """A self-contained VLM detector folder: ``base/`` (the base VLM, copied), the trained weights
-    (``DeepVRM.trained_state_dict()``), the config; written into a temporary sibling, then renamed."""
-    from core.checkpoint import save_weights
-
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(Path(model_cfg.base_path), tmp / BASE_DIR)
-    save_weights({k: v.detach().cpu().contiguous() for k, v in trained.items()}, tmp / WEIGHTS_FILE)
-    write_json(tmp / DETECTOR_FILE, {"kind": "deepvrm", "model": dataclasses.asdict(model_cfg), **meta})
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    return folder
+    return DeepVRM(model_cfg, base=(vlm, tok))
 
 
 def load_detector(folder: str | Path, device: str | torch.device = "cpu"):
-    """A trained detector folder (a VLM arm or a baseline) -> (detector, kind) ready for inference.
+    """A trained detector folder (a VLM arm or a baseline; or a run folder holding ``detector/``) -> (detector,
+    kind) ready for inference. A VLM arm loads with ``DeepVRM.from_pretrained`` (strict: exactly the trained
+    tensors; the base from the folder's reference).
 
     Raises:
-        CheckpointError: Not a detector folder, or its files are missing / unreadable.
+        CheckpointError: Not a detector folder, one in the former layout, or its files are missing / unreadable.
     """
-    from core.checkpoint import load_weights
+    from core.checkpoint import CONFIG_FILE
 
     folder = Path(folder)
-    if (folder / DETECTOR_DIR).is_dir() and not (folder / DETECTOR_FILE).is_file():
+    if (folder / DETECTOR_DIR).is_dir() and not (folder / "model.safetensors").is_file():
         folder = folder / DETECTOR_DIR  # a run folder
-    if (folder / DETECTOR_FILE).is_file():
-        from core.vlm import load_vlm
+    if (folder / LEGACY_DETECTOR_FILE).is_file():
+        raise CheckpointError(f"{folder}: a Deep-VRM detector in the former layout ({LEGACY_DETECTOR_FILE}); retrain "
+                              "it with `embodied train deepvrm` (the folder is now DeepVRM.save_pretrained's)")
+    if not (folder / CONFIG_FILE).is_file():
+        raise CheckpointError(f"{folder}: not a Deep-VRM detector folder (no {CONFIG_FILE}); train one with "
+                              "`embodied train deepvrm`")
+    meta = read_json(folder / CONFIG_FILE)
+    if "baseline" in meta:
+        from perception.forensics.baselines import load_baseline
 
-        meta = read_json(folder / DETECTOR_FILE)
-        model_cfg = DeepVRMModelConfig(**meta["model"])
-        vlm, tok = load_vlm(folder / BASE_DIR)
-        model = build_detector(vlm, tok, model_cfg)
-        state = load_weights(folder / WEIGHTS_FILE)
-        missing = set(model.trained_state_dict()) - set(state)
-        if missing:
-            raise CheckpointError(f"{folder}: {WEIGHTS_FILE} lacks {len(missing)} trained tensors "
-                                  f"(e.g. {sorted(missing)[0]})")
-        model.load_state_dict(state, strict=False)
-        model.set_stage(2)
-        return model.to(device).eval().requires_grad_(False), model_cfg.arm
-    from perception.forensics.baselines import load_baseline
+        det = load_baseline(folder, device)
+        return det, det.name
+    if meta.get("method") != "deepvrm":
+        raise CheckpointError(f"{folder}: a {meta.get('method')!r} folder, not a Deep-VRM detector")
+    from perception.forensics.modeling_deepvrm import DeepVRM
 
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: not a Deep-VRM detector folder (no {DETECTOR_FILE} or baseline "
-                              "config.json); train one with `embodied train deepvrm`")
-    det = load_baseline(folder, device)
-    return det, det.name
+    model = DeepVRM.from_pretrained(folder, device=device)
+    return model.requires_grad_(False), model.arm
 
 
 @torch.no_grad()
@@ -334,8 +273,9 @@ def explain(detector, images: np.ndarray, batch: int = 64, max_new_tokens: int =
 
 
 @torch.no_grad()
-def qa_accuracy(model, records, batch: int = 64, max_new_tokens: int = 6) -> dict[str, Any]:
-    """General ability: exact-match accuracy of greedy answers, overall and per question kind.
+def qa_exact_match(model, records, batch: int = 64, max_new_tokens: int = 6) -> dict[str, Any]:
+    """General ability (``qa_exact_match``): the share of greedy answers equal to the reference after normalising
+    case and punctuation (``perception.forensics.qa.exact_match``), overall and per question kind.
 
     ``model`` is a ``DeepVRM`` (its residual path and adapters active, as in use) or anything with the same
     ``generate(images, question)`` method.
@@ -369,27 +309,29 @@ def _configs(cfg) -> tuple[DeepVRMModelConfig, DeepVRMDataConfig, TrainerConfig]
 
 
 def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=None, tok=None) -> dict[str, Any]:
-    """The base VLM's own QA accuracy (general ability before forensic training), cached next to it; the base is
-    loaded from ``model.base_path`` only when the cache misses and no (vlm, tok) is given."""
+    """The base VLM's own ``qa_exact_match`` (general ability before forensic training); the base is loaded from
+    ``model.base_path`` only when no (vlm, tok) is given and no cache answers. Cached next to the base only when
+    this workspace pretrained it (``core.vlm.is_workspace_base``): a user's base folder is never written."""
+    from core.vlm import is_workspace_base, load_vlm
+    from perception.forensics.modeling_deepvrm import DeepVRM
+
     path = Path(model_cfg.base_path) / QA_EVAL_FILE
-    key = {"qa_test": data.qa_test, "qa_seed": data.qa_seed, "eval_qa": data.eval_qa}
+    key = {"qa_test": data.qa_test, "qa_seed": data.qa_seed, "eval_qa": data.eval_qa, "version": QA_EVAL_VERSION}
     if path.is_file():
         cached = read_json(path)
         if cached.get("key") == key:
-            return cached["qa"]
-    from core.vlm import load_vlm, patch_spec_of
-    from perception.forensics.modeling_deepvrm import DeepVRM
-
+            return cached["qa_exact_match"]
     if vlm is None:
         vlm, tok = load_vlm(model_cfg.base_path)
-    plain = DeepVRM(vlm, tok, patch_spec_of(vlm, model_cfg.image_size), arm="full",
-                    inject_layer=model_cfg.inject_layer).eval()  # arm "full" adds nothing: the plain VLM
+    # arm "full" adds nothing: the plain VLM
+    plain = DeepVRM(dataclasses.replace(model_cfg, arm="full"), base=(vlm, tok)).eval()
     records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
-    qa = qa_accuracy(plain, records, data.eval_batch)
-    try:
-        write_json(path, {"key": key, "qa": qa})
-    except OSError as e:  # a user's read-only model folder: just not cached
-        log.warning("could not cache the base's QA accuracy in %s (%s)", path, e)
+    qa = qa_exact_match(plain, records, data.eval_batch)
+    if is_workspace_base(model_cfg.base_path):
+        try:
+            write_json(path, {"key": key, "qa_exact_match": qa})
+        except OSError as e:  # a read-only copy: just not cached
+            log.warning("could not cache the base's QA exact match in %s (%s)", path, e)
     return qa
 
 
@@ -447,10 +389,12 @@ def train(cfg) -> dict[str, Any]:
     keys = set(model.trained_state_dict())
     state = trainer.full_state_dict()  # a collective under FSDP: every rank calls it, rank 0 gets the weights
     if trainer.dist.is_main:
-        save_detector(out_dir / DETECTOR_DIR, {k: v for k, v in state.items() if k in keys}, model_cfg,
-                      {"trainable": trained, "stages": results,
-                       "command": f"embodied train deepvrm model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
-                                  f"trainer.max_steps={tcfg.max_steps}"})
+        command = (f"embodied train deepvrm model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
+                   f"trainer.max_steps={tcfg.max_steps}")
+        model.save_pretrained(out_dir / DETECTOR_DIR,
+                              card={"command": command, "trainable": trained, "stages": results},
+                              run_config={k: v for k, v in run_config.items() if k != "model"},
+                              state_dict={k: v for k, v in state.items() if k in keys})
     return {"arm": model_cfg.arm, "stages": results, "detector": str(out_dir / DETECTOR_DIR)}
 
 
@@ -475,18 +419,21 @@ def evaluate(cfg) -> dict[str, Any]:
                               "per_generator": per_generator(prob, labels, g)}
     if kind not in BASELINE_ARMS:
         records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
-        result["qa"] = qa_accuracy(detector, records, data.eval_batch)
-        result["qa_base"] = base_qa_eval(model_cfg, data)
+        result["qa_exact_match"] = qa_exact_match(detector, records, data.eval_batch)
+        result["qa_exact_match_base"] = base_qa_eval(model_cfg, data)
         pick = np.array([np.flatnonzero((g == name) & (labels == lb))[0] for name in gens for lb in (0, 1)
                          if ((g == name) & (labels == lb)).any()])
         answers = explain(detector, images[pick])
         result["reasons"] = [{"generator": str(g[i]), "label": int(labels[i]), "prob_fake": float(prob[i]),
                               "answer": a} for i, a in zip(pick, answers, strict=True)]
-        result["trainable"] = read_json(out_dir / DETECTOR_DIR / DETECTOR_FILE).get("trainable")
+        from core.pretrained import read_card
+
+        result["trainable"] = read_card(out_dir / DETECTOR_DIR).get("trainable")
     write_json(out_dir / "eval.json", result)
     m = result["per_generator"]
     log.info("%s: acc %s, held-out %s acc %.3f ap %.3f%s", kind,
              {k: round(v["acc"], 3) for k, v in m.items() if k not in ("all", "mean")}, data.holdout,
              m.get(data.holdout, {}).get("acc", float("nan")), m.get(data.holdout, {}).get("ap", float("nan")),
-             f", QA {result['qa']['acc']:.3f} (base {result['qa_base']['acc']:.3f})" if "qa" in result else "")
+             f", QA exact match {result['qa_exact_match']['acc']:.3f} (base "
+             f"{result['qa_exact_match_base']['acc']:.3f})" if "qa_exact_match" in result else "")
     return result

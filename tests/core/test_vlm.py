@@ -156,3 +156,107 @@ def test_answer_logprob_and_loss_fall_when_training(tok):
     # the sequence log-probability is the negative summed token loss
     n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
     torch.testing.assert_close(-lp.sum() / n_tok, next_token_loss(out.logits.detach(), batch["labels"]))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_vlm_inputs_give_image_tokens_3d_positions_in_every_family(tok, family):
+    """vlm_inputs adds mm_token_type_ids (1 at image tokens) for both families, so the image tokens get the 3-D
+    multimodal positions: the logits equal a forward with the positions from get_rope_index, and differ from
+    1-D text positions (what Qwen2.5-VL falls back to without them)."""
+    from core.vlm import image_token_id, mm_token_type_ids
+
+    cfg, model = tiny(tok, family)
+    spec = cfg.patch_spec(32)
+    ex = vlm_collate([encode(tok, "how many objects are there?", "two", spec.tokens_per_image)], tok.pad_token_id)
+    pv, grid = patchify(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), spec)
+    kw = vlm_inputs(model, ex["input_ids"], ex["attention_mask"], pv, grid)
+    types = kw["mm_token_type_ids"]
+    assert torch.equal(types, mm_token_type_ids(model, ex["input_ids"]))
+    assert int(types.sum()) == spec.tokens_per_image and torch.equal(types.bool(),
+                                                                     ex["input_ids"] == image_token_id(model))
+    assert "mm_token_type_ids" not in vlm_inputs(model, ex["input_ids"], ex["attention_mask"], None, None)
+    positions, _ = model.model.get_rope_index(ex["input_ids"], image_grid_thw=grid,
+                                              attention_mask=ex["attention_mask"], mm_token_type_ids=types)
+    assert not torch.equal(positions[1], positions[2])  # height and width differ at the image tokens: 3-D
+    flat = torch.arange(ex["input_ids"].shape[1])[None, None].expand(3, 1, -1)
+    with torch.no_grad():
+        got = model(**kw).logits
+        want = model(**{k: v for k, v in kw.items() if k != "mm_token_type_ids"}, position_ids=positions).logits
+        text_positions = model(**{k: v for k, v in kw.items() if k != "mm_token_type_ids"},
+                               position_ids=flat).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert not torch.allclose(got, text_positions, atol=1e-4)
+
+
+def test_ensure_base_vlm_pretrains_once_under_a_lock_and_then_only_loads(tok, tmp_path):
+    """A missing base is pretrained (tokenizer from the corpus, the next-token loss on image-QA answers, save_vlm +
+    pretraining.json); asked again, the folder is loaded as is (the callbacks are not called, nothing is
+    written); a user's folder (no pretraining.json) is loaded read-only."""
+    import json
+
+    from core.config import TrainerConfig
+    from core.vlm import BasePretraining, ensure_base_vlm, is_workspace_base
+    from core.vlm.pretrain import PRETRAINING_FILE
+
+    corpus_calls = []
+
+    def corpus():
+        corpus_calls.append(1)
+        return CORPUS
+
+    def dataset(tok_, spec):
+        g = torch.Generator().manual_seed(0)
+        return [{**encode(tok_, "how many objects are there?", a, spec.tokens_per_image),
+                 "image": torch.rand(3, 32, 32, generator=g)} for a in ("two", "three") * 4]
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vision_depth=1,
+                 vision_hidden=32, vision_intermediate=64, vision_heads=2)
+    how = BasePretraining(sizes=sizes, image_size=32, tokenizer_vocab=300, steps=3, batch_size=4, lr=1e-3,
+                          extra_tokens=("keep_lane",), method="test", what="a test base")
+    tcfg = TrainerConfig(device="cpu", progress=False, tensorboard=False, log_every=1, ckpt_every=100)
+    base = tmp_path / "base"
+    vlm, tok2 = ensure_base_vlm(base, how, tcfg, corpus=corpus, dataset=dataset, card={"note": 1})
+    assert corpus_calls == [1] and is_workspace_base(base)
+    meta = json.loads((base / PRETRAINING_FILE).read_text())
+    assert meta["what"] == "a test base" and meta["steps"] == 3 and meta["note"] == 1 and meta["examples"] == 8
+    assert "keep_lane" in tok2.get_vocab() and vlm.config.text_config.vocab_size == len(tok2)
+    assert (tmp_path / "base.run" / "tokenizer" / "tokenizer.json").is_file()  # a resumed run keeps it
+    assert (tmp_path / "base.run" / "checkpoints" / "latest").is_file()
+    stamp = sorted((p.name, p.stat().st_mtime_ns) for p in base.iterdir())
+
+    def fail(*_):
+        raise AssertionError("the base exists: nothing may be rebuilt")
+
+    again, _ = ensure_base_vlm(base, how, tcfg, corpus=fail, dataset=fail)
+    assert all(torch.equal(a, b) for a, b in zip(vlm.state_dict().values(), again.state_dict().values(), strict=True))
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in base.iterdir()) == stamp
+    cfg, model = tiny(tok)
+    save_vlm(tmp_path / "user", model, tok, cfg.patch_spec(32))
+    ensure_base_vlm(tmp_path / "user", how, tcfg, corpus=fail, dataset=fail)
+    assert not is_workspace_base(tmp_path / "user") and not (tmp_path / "user.pretrain").exists()
+
+
+def test_ensure_base_vlm_refuses_to_pretrain_under_torchrun(tmp_path, monkeypatch):
+    from core.config import TrainerConfig
+    from core.vlm import BasePretraining, ensure_base_vlm
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="pretrain it in one process first"):
+        ensure_base_vlm(tmp_path / "base", BasePretraining(sizes={}, image_size=32, method="x"), TrainerConfig(),
+                        corpus=list, dataset=lambda *_: [])
+
+
+def test_inject_lora_with_a_regular_expression_wraps_exactly_the_matching_linears(tok):
+    """core.layers.lora.inject_lora with one string: peft's full-match regex over qualified names (what Deep-VRM
+    uses to adapt only the LLM layers >= K)."""
+    from core.layers.lora import inject_lora, is_lora_layer
+
+    _, model = tiny(tok)
+    wrapped = inject_lora(model, r".*language_model\.layers\.(1|2)\.self_attn\.(q|v)_proj", rank=2, alpha=4.0,
+                          adapter_name="llm")
+    assert sorted(wrapped) == sorted(f"model.language_model.layers.{i}.self_attn.{p}_proj"
+                                     for i in (1, 2) for p in ("q", "v"))
+    assert sorted(n for n, m in model.named_modules() if is_lora_layer(m)) == sorted(wrapped)
+    assert all(".lora_A.llm." in n or ".lora_B.llm." in n for n, _ in model.named_parameters() if "lora_" in n)
+    with pytest.raises(ValueError, match="matches"):
+        inject_lora(model, r"nothing\.here", rank=2)

@@ -10,7 +10,16 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 
 from core.errors import ConfigError
-from core.vlm import IGNORE, VLMConfig, build_tokenizer, build_vlm, patchify, vlm_collate, vlm_inputs
+from core.vlm import (
+    IGNORE,
+    VLMConfig,
+    build_tokenizer,
+    build_vlm,
+    mm_token_type_ids,
+    patchify,
+    vlm_collate,
+    vlm_inputs,
+)
 from core.vlm.tokenizer import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
 from driving.automot.configuration_automot import AutoMoTConfig
 from driving.automot.modeling_automot import AutoMoT, block_mask
@@ -127,7 +136,6 @@ def test_understanding_hidden_states_equal_the_plain_vlm(tok, family):
     assert (batch["attention_mask"] == 0).any()  # the batch really is padded
     kw = vlm_inputs(model.vlm, batch["input_ids"], batch["attention_mask"], batch["pixel_values"],
                     batch["image_grid_thw"])
-    kw.setdefault("mm_token_type_ids", (batch["input_ids"] == model.image_token).long())  # multimodal RoPE
     with torch.no_grad():
         ref = model.vlm.model(**kw).last_hidden_state
         out = model(batch).understanding_hidden
@@ -177,7 +185,7 @@ def test_act_with_the_prefix_cache_equals_the_joint_forward(tok, family):
         assert torch.equal(prefix.key_padding, snapshot.key_padding)
         assert torch.equal(prefix.next_position, snapshot.next_position)
         # D+P positions continue after U's largest (multimodal) position, per sample
-        kw = {"mm_token_type_ids": (batch["input_ids"] == model.image_token).long()}
+        kw = {"mm_token_type_ids": mm_token_type_ids(model.vlm, batch["input_ids"])}
         _, deltas = model.vlm.model.get_rope_index(batch["input_ids"], image_grid_thw=batch["image_grid_thw"],
                                                     attention_mask=batch["attention_mask"], **kw)
         assert torch.equal(prefix.next_position, deltas.view(-1) + batch["attention_mask"].sum(1))

@@ -41,22 +41,38 @@ def _batch(tmp: Path, policy: dict, n: int = 3):
 
     ds = samples(to_object(cfg.model), to_object(cfg.data), "test")
     s = collate_driving([ds[i] for i in range(n)])
-    return model_batch(s, policy["prompter"], policy["spec"]), s
+    return model_batch(s, policy.prompter, policy.spec), s
 
 
 def test_policy_folder_roundtrip_and_refiner_switch(trained):
-    from driving.automot.task import load_policy_model, predict_waypoints
+    from core.checkpoint import load_weights
+    from core.pretrained import load_pretrained, read_config
+    from driving.automot.modeling_automot import DrivingVLA
+    from driving.automot.task import load_policy, predict_waypoints
 
-    a, b = load_policy_model(trained / "automot"), load_policy_model(trained / "automot" / "policy")
-    assert a["refiner"] is not None and a["prompter"] is not None
+    a, b = load_policy(trained / "automot"), load_policy(trained / "automot" / "policy")
+    assert isinstance(a, DrivingVLA) and a.refiner is not None and a.prompter is not None
     batch, _ = _batch(trained, a)
     ra, rb = predict_waypoints(a, batch, refine=True), predict_waypoints(b, batch, refine=True)
     assert torch.equal(ra["coarse"], rb["coarse"]) and torch.equal(ra["refined"], rb["refined"])
     off = predict_waypoints(a, batch, refine=False)
-    assert "refined" not in off and torch.equal(off["coarse"], a["mot"](batch).waypoints)
+    assert "refined" not in off and torch.equal(off["coarse"], a(batch).waypoints)
     assert not torch.equal(ra["refined"], ra["coarse"])  # the refiner changes the plan when on
+    # the folder is save_pretrained's: the base referenced (absolute), not copied; load_pretrained builds it
+    folder = trained / "automot" / "policy"
+    assert read_config(folder)["model"]["base_path"] == str((trained / "base").resolve())
+    assert not (folder / "base").exists()
+    assert any(k.startswith("refiner.") for k in load_weights(folder / "model.safetensors"))
+    c = load_pretrained(folder)
+    assert type(c) is DrivingVLA
+    with torch.no_grad():  # (not bit-equal: frozen parameters take other CPU kernels, ~1e-8)
+        torch.testing.assert_close(c(batch).waypoints, ra["coarse"], atol=1e-6, rtol=0)
     with pytest.raises(CheckpointError, match="not an AutoMoT policy folder"):
-        load_policy_model(trained)
+        load_policy(trained)
+    (trained / "legacy").mkdir(exist_ok=True)
+    (trained / "legacy" / "automot.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="former layout"):
+        load_policy(trained / "legacy")
 
 
 def test_frozen_understanding_keeps_the_base(trained, tmp_path):
@@ -65,7 +81,7 @@ def test_frozen_understanding_keeps_the_base(trained, tmp_path):
     from driving.automot import task
 
     base, _ = load_vlm(trained / "base")
-    tuned = task.load_policy_model(trained / "automot")["mot"].vlm
+    tuned = task.load_policy(trained / "automot").mot.vlm
     changed = [k for k, v in base.state_dict().items() if not torch.equal(v, tuned.state_dict()[k])]
     assert changed, "the automot arm's understanding expert did not train"
     import shutil
@@ -73,8 +89,13 @@ def test_frozen_understanding_keeps_the_base(trained, tmp_path):
     for sub in ("data", "base"):
         (tmp_path / sub).symlink_to(trained / sub)
     task.train(_cfg(tmp_path, "frozen", "model.refiner_steps=0"))
-    frozen = task.load_policy_model(tmp_path / "frozen")["mot"].vlm
+    frozen = task.load_policy(tmp_path / "frozen").mot.vlm
     assert all(torch.equal(v, frozen.state_dict()[k]) for k, v in base.state_dict().items())
+    from core.checkpoint import (
+        load_weights,  # the frozen arm's folder stores no VLM tensor (the base has them)
+    )
+
+    assert not any(k.startswith("mot.vlm.") for k in load_weights(tmp_path / "frozen" / "policy" / "model.safetensors"))
     shutil.rmtree(tmp_path / "frozen")
 
 
@@ -129,12 +150,13 @@ def test_eval_writes_openloop_and_reasoning(trained):
 
     res = task.evaluate(_cfg(trained, "automot"))
     assert set(res["openloop"]) >= {"coarse", "refined", "meta_accuracy", "gt_collision_rate"}
-    assert res["openloop"]["coarse"]["l2_3s"] >= 0 and 0 <= res["qa"]["acc"] <= 1
+    assert res["openloop"]["coarse"]["l2_3s"] >= 0 and 0 <= res["qa_token_match"]["acc"] <= 1
+    assert 0 <= res["qa_token_match_base"]["acc"] <= 1
     assert read_json(trained / "automot" / "eval.json")["arm"] == "automot"
     # the reported figures are the plan's: recompute ADE, L2 at 3 s and meta-action accuracy on every test step
-    policy = task.load_policy_model(trained / "automot")
+    policy = task.load_policy(trained / "automot")
     batch, s = _batch(trained, policy, n=res["openloop"]["samples"])
-    out = policy["mot"](batch)
+    out = policy(batch)
     err = (out.waypoints - s["waypoints"]).norm(dim=-1)
     ol = res["openloop"]
     assert abs(ol["coarse"]["ade"] - float(err.mean())) < 1e-5
@@ -154,13 +176,17 @@ def test_shipped_policies_and_the_demo_section(tmp_path):
     """The shipped AutoMoT and noreason policies load strictly, and the demo section drives the shipped AutoMoT
     and the expert on the same seeds, with the recorded experiment below."""
     from core.demo import DemoContext
+    from core.pretrained import read_card
     from core.resources import asset
     from driving.automot.demo import demo_section
-    from driving.automot.task import load_policy_model
+    from driving.automot.task import load_policy
 
     for name, arm in (("automot", "automot"), ("automot_noreason", "noreason")):
-        policy = load_policy_model(asset("checkpoints", name))
-        assert policy["meta"]["model"]["arm"] == arm and "command" in policy["meta"]
+        policy = load_policy(asset("checkpoints", name))
+        assert policy.config.arm == arm and "command" in read_card(asset("checkpoints", name))
+        base = asset("checkpoints", name) / "base"  # self-contained: the shipped folder carries its base
+        assert (Path(policy.config.base_path).resolve() == base.resolve()) if arm == "automot" else \
+            policy.config.base_path == ""
     section = demo_section(DemoContext(out=tmp_path))
     assert "Recorded experiment" in section.body and "<video" in section.body
     assert any(k.startswith("ds_automot_") for k in section.figures)

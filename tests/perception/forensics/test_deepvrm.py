@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from core.vlm import VLMConfig, build_tokenizer, build_vlm, decoder_layers
-from perception.forensics.configuration_deepvrm import VERDICT_PROMPT
+from perception.forensics.configuration_deepvrm import VERDICT_PROMPT, DeepVRMModelConfig
 from perception.forensics.modeling_deepvrm import DeepVRM, hidden_states_before_layers, high_pass
 from perception.forensics.task import answer_text, parse_answer, tokenizer_corpus
 
@@ -31,7 +31,8 @@ def make(tok, arm="deepvrm", stage=2, seed=0):
     vlm = build_vlm(cfg)
     with torch.no_grad():  # a trained model's (tied) embeddings are large enough for confident logits; 0.02 is not
         vlm.get_input_embeddings().weight.normal_(0.0, 1.0)
-    model = DeepVRM(vlm, tok, cfg.patch_spec(32), arm=arm, inject_layer=K, lora_rank=2, va_lora_rank=2)
+    mcfg = DeepVRMModelConfig(arm=arm, base_path="", image_size=32, inject_layer=K, lora_rank=2, va_lora_rank=2)
+    model = DeepVRM(mcfg, base=(vlm, tok))
     for name, p in model.named_parameters():  # LoRA starts as a no-op (B = 0): make it act
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05, generator=torch.Generator().manual_seed(1))
@@ -159,12 +160,13 @@ def test_train_eval_infer_end_to_end(tmp_path):
     env_py = [sys.executable, "-m", "embodied.cli"]
     r = subprocess.run([*env_py, "train", "deepvrm", *common], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (tmp_path / "base" / "config.json").is_file() and (tmp_path / "run" / "detector" / "deepvrm.json").is_file()
+    assert (tmp_path / "base" / "config.json").is_file() and (tmp_path / "base" / "pretraining.json").is_file()
+    assert (tmp_path / "run" / "detector" / "config.json").is_file()
     r = subprocess.run([*env_py, "eval", "deepvrm", *common], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     ev = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert set(ev["per_generator"]) >= {"blur", "box", "all", "mean"} and ev["holdout"] == "box"
-    assert 0.0 <= ev["qa"]["acc"] <= 1.0 and 0.0 <= ev["qa_base"]["acc"] <= 1.0
+    assert 0.0 <= ev["qa_exact_match"]["acc"] <= 1.0 and 0.0 <= ev["qa_exact_match_base"]["acc"] <= 1.0
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not a png")
     good = sorted((data / "blur" / "val" / "ai").glob("*.png"))[:2]
@@ -179,32 +181,69 @@ def test_train_eval_infer_end_to_end(tmp_path):
     assert set(errors) == {str(broken), str(tmp_path / "missing.png")}
 
 
-def test_detector_save_load_round_trip(tok, tmp_path):
+def _tiny_base(tok, folder):
     from core.vlm import save_vlm
-    from perception.forensics.configuration_deepvrm import DeepVRMModelConfig
-    from perception.forensics.task import build_detector, detector_prob, load_detector, save_detector
 
     torch.manual_seed(0)
     cfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=LAYERS, num_heads=2,
                     num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2)
-    save_vlm(tmp_path / "base", build_vlm(cfg), tok, cfg.patch_spec(32))
-    mcfg = DeepVRMModelConfig(base_path=str(tmp_path / "base"), image_size=32, inject_layer=K, lora_rank=2,
-                              va_lora_rank=2)
-    from core.vlm import load_vlm
+    save_vlm(folder, build_vlm(cfg), tok, cfg.patch_spec(32))
+    return folder
 
-    vlm, t = load_vlm(tmp_path / "base")
-    model = build_detector(vlm, t, mcfg)
+
+@pytest.mark.parametrize("arm", ["deepvrm", "full"])
+def test_detector_save_load_round_trip(tok, tmp_path, arm):
+    """save_pretrained stores only the trained tensors and references the base (never copies or writes it);
+    load_detector (from_pretrained) rebuilds the same detector, strictly."""
+    from core.checkpoint import load_weights
+    from core.errors import CheckpointError
+    from core.pretrained import read_config
+    from perception.forensics.task import detector_prob, load_detector
+
+    base = _tiny_base(tok, tmp_path / "base")
+    before_base = sorted((p.name, p.stat().st_size) for p in base.iterdir())
+    mcfg = DeepVRMModelConfig(arm=arm, base_path=str(base), image_size=32, inject_layer=K, lora_rank=2,
+                              va_lora_rank=2)
+    model = DeepVRM(mcfg)
     for name, p in model.named_parameters():
-        if "lora_B" in name:
+        if "lora_B" in name or arm == "full":
             torch.nn.init.normal_(p, std=0.05)
-    model.set_stage(2)
     model.eval()
     images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     before = detector_prob(model, images)
-    save_detector(tmp_path / "det", model.trained_state_dict(), mcfg, {})
-    loaded, kind = load_detector(tmp_path / "det")
-    assert kind == "deepvrm"
+    folder = model.save_pretrained(tmp_path / "detector", card={"command": "test"})
+    stored = load_weights(folder / "model.safetensors")
+    assert sorted(stored) == sorted(model.trained_state_dict())
+    assert all("lora_" in k for k in stored) if arm == "deepvrm" else any(k.startswith("vlm.") for k in stored)
+    assert read_config(folder)["model"]["base_path"] == str(base.resolve()) and not (folder / "base").exists()
+    loaded, kind = load_detector(folder)
+    assert kind == arm and loaded.residual_on == (arm == "deepvrm")
     np.testing.assert_array_equal(detector_prob(loaded, images), before)
+    np.testing.assert_array_equal(detector_prob(load_detector(tmp_path)[0], images), before)  # a run folder
+    assert sorted((p.name, p.stat().st_size) for p in base.iterdir()) == before_base  # the base is untouched
+    # strict: a folder that lacks a trained tensor does not load
+    from core.checkpoint import save_weights
+
+    save_weights(dict(list(stored.items())[1:]), folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="missing"):
+        load_detector(folder)
+
+
+def test_load_detector_refuses_the_former_layout_and_loads_baselines(tmp_path):
+    from core.errors import CheckpointError
+    from perception.forensics.baselines import FrequencyCNN
+    from perception.forensics.task import load_detector
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "deepvrm.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="former layout"):
+        load_detector(tmp_path / "old")
+    with pytest.raises(CheckpointError, match="not a Deep-VRM detector folder"):
+        load_detector(tmp_path / "nothing")
+    torch.manual_seed(0)
+    FrequencyCNN.tiny().save(tmp_path / "run" / "detector")
+    det, kind = load_detector(tmp_path / "run")
+    assert kind == "freq_cnn" and isinstance(det, FrequencyCNN)
 
 
 @pytest.mark.timeout(600)
@@ -234,8 +273,8 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     tok = load_tokenizer(tmp_path / "base")
     ids = [tok(w + "<|im_end|>", add_special_tokens=False)["input_ids"] for w in ("real", "fake")]
     assert len(ids[0]) == len(ids[1])  # else a token-mean loss differs between micro-batch splits by design
-    a = load_weights(tmp_path / "one" / "detector" / "trained.safetensors")
-    b = load_weights(tmp_path / "two" / "detector" / "trained.safetensors")
+    a = load_weights(tmp_path / "one" / "detector" / "model.safetensors")
+    b = load_weights(tmp_path / "two" / "detector" / "model.safetensors")
     assert a.keys() == b.keys() and any("artifact_encoder" in k for k in a)
     moved = 0
     for k in a:
@@ -251,13 +290,15 @@ def test_shipped_detector_and_the_demo_section(tmp_path):
     """The shipped detector loads strictly (every trained tensor present), judges the shipped samples, and the
     demo section renders them with the recorded comparison."""
     from core.demo import DemoContext
+    from core.pretrained import read_card, read_config
     from core.resources import asset
     from perception.forensics.demo import demo_section
-    from perception.forensics.task import DETECTOR_FILE, load_detector
+    from perception.forensics.task import load_detector
 
     folder = asset("checkpoints", "deepvrm")
-    meta = json.loads((folder / DETECTOR_FILE).read_text())
-    assert meta["model"]["arm"] == "deepvrm" and "command" in meta
+    config = read_config(folder)
+    assert config["method"] == "deepvrm" and config["model"]["arm"] == "deepvrm" and "command" in read_card(folder)
+    assert config["model"]["base_path"] == "base" and (folder / "base" / "config.json").is_file()  # self-contained
     detector, kind = load_detector(folder)
     assert kind == "deepvrm" and detector.residual_on
     section = demo_section(DemoContext(out=tmp_path))

@@ -15,8 +15,8 @@ def _eval(path, arm, acc_g, acc_h, qa=None):
                                                                                        "ap": 0.75}}
     ev = {"arm": arm, "holdout": "gan", "trained_on": ["flow"], "per_generator": {**per, "all": per["mean"]}}
     if qa is not None:
-        ev["qa"] = {"acc": qa}
-        ev["qa_base"] = {"acc": 0.8}
+        ev["qa_exact_match"] = {"acc": qa}
+        ev["qa_exact_match_base"] = {"acc": 0.8}
     path.mkdir(parents=True)
     (path / "eval.json").write_text(json.dumps(ev))
 
