@@ -65,7 +65,7 @@ def atomic_dir(path: str | os.PathLike, tmp: str | os.PathLike | None = None) ->
         staging.mkdir()
     try:
         yield staging
-        _fsync_dir(staging)
+        fsync_dir(staging)
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             shutil.rmtree(old, ignore_errors=True)
@@ -74,13 +74,14 @@ def atomic_dir(path: str | os.PathLike, tmp: str | os.PathLike | None = None) ->
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries to disk (best effort: some filesystems refuse to fsync a folder)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -129,7 +129,8 @@ def claim_output(path: str | Path, *, command: str, overwrite: bool = False, sta
             yield from _in_place(path, command, signature, fresh=occupied and overwrite and not same_run)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -142,7 +143,7 @@ def _pid_alive(pid: int) -> bool:
 def _staged(path: Path, command: str) -> Iterator[Path]:
     for stale in path.parent.glob(f".{path.name}.partial-*"):  # left by a killed run (we hold the lock)
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     with atomic_dir(path, tmp=path.parent / f".{path.name}.partial-{os.getpid()}") as tmp:
         yield tmp

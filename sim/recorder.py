@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import DataError
-from core.io import read_json, write_json
+from core.io import fsync_dir, read_json, write_json
 from sim.api import INFO_EEF_DELTA
 from sim.rollout import Episode, PolicyFactory, RolloutConfig, RolloutResult, check_env_id, rollout
 
@@ -260,7 +260,7 @@ def ensure_recorded(
         DataError: ``path`` was recorded with another spec (the message names the differing keys), or
             ``record`` produced nothing.
     """
-    from core.outputs import lock_folder
+    from core.outputs import lock_folder, pid_alive
 
     path = Path(path).absolute()
     want = _plain(spec)
@@ -270,7 +270,7 @@ def ensure_recorded(
             return False
         for stale in path.parent.glob(f".{path.name}{_STAGING}*"):  # left by a killed recording
             pid = stale.name[len(f".{path.name}{_STAGING}"):].split("-", 1)[0]
-            if not (pid.isdigit() and _pid_alive(int(pid))):
+            if not (pid.isdigit() and pid_alive(int(pid))):
                 shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}{_STAGING}{os.getpid()}-", dir=path.parent))
         try:
@@ -279,13 +279,13 @@ def ensure_recorded(
             if not data.exists() or (data != staging and staging not in data.absolute().parents):
                 raise DataError(path, f"recording produced no data at {data} (expected inside {staging})")
             if data.is_dir():
-                _fsync(data)
+                fsync_dir(data)
             write_json(spec_path(path), {"spec": want, "data": path.name})
             if path.exists():  # recorded meanwhile by a caller that did not share our lock
                 _check_spec(path, want, check_unrecorded, hint)
                 return False
             os.replace(data, path)
-            _fsync(path.parent)
+            fsync_dir(path.parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return True
@@ -329,27 +329,3 @@ def _plain(spec: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"spec value not JSON serialisable: {type(o).__name__}")
 
     return json.loads(json.dumps(spec, sort_keys=True, default=default))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync(path: Path) -> None:
-    """fsync a folder's entries (best effort: some filesystems refuse it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
