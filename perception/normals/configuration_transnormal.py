@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.config import DenseImageDataConfig, schema
 from core.errors import ConfigError
@@ -39,9 +40,10 @@ class TransNormalConfig:
         vae_path: Local diffusers ``AutoencoderKL`` folder, or a project checkpoint directory whose weights
             hold ``vae.*`` keys (the VAE pre-training stage's output), or None.
         dino_model: timm model name (``vit_*_patch16_dinov3*``).
-        dino_path: Local DINOv3 weights (timm / Meta safetensors or a Hugging Face ``DINOv3ViTModel``
-            folder / file) or None (random init, frozen).
-        dino_kwargs: Extra timm constructor kwargs (``embed_dim``, ``depth``, ``num_heads`` for tiny models).
+        dino_path: Local DINOv3 weights (timm / Meta safetensors, or a Hugging Face ``DINOv3ViTModel`` folder as
+            ``save_pretrained`` writes it, sharded or not) or None (random init, frozen). Only read.
+        dino_kwargs: Extra timm constructor kwargs (``embed_dim``, ``depth``, ``num_heads`` for tiny models); any
+            key is accepted on the command line (``model.dino_kwargs.mlp_ratio=2``), timm refuses unknown ones.
         dino_image_size: Side length the context encoder sees (multiple of 16); None: the UNet input size for
             DINOv3, 224 for EfficientNet-Lite0.
         use_dino: False replaces the image context by one learned null token (the ablation).
@@ -85,7 +87,7 @@ class TransNormalConfig:
     use_dino: bool = True
     dino_model: str = "vit_large_patch16_dinov3"
     dino_path: str | None = None
-    dino_kwargs: dict[str, int] = field(default_factory=dict)
+    dino_kwargs: dict[str, Any] = field(default_factory=dict)
     dino_image_size: int | None = None
     context_encoder: str = "dinov3"
     effnet_stage: int = 4

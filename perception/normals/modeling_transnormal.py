@@ -23,6 +23,7 @@ multi-step baseline (RGB latent concatenated to a noisy normal latent, v-predict
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.checkpoint import load_into, load_weights
-from core.errors import CheckpointError
+from core.errors import CheckpointError, ConfigError
 from core.layers.vae import build_autoencoder_kl, load_autoencoder_weights
 from core.logging import get_logger
 from core.pretrained import PreTrainedModel
@@ -149,8 +150,16 @@ def build_dino(config: TransNormalConfig) -> nn.Module:
     """timm DINOv3 ViT (``pretrained=False``: no hub), weights from ``config.dino_path`` when given."""
     import timm
 
-    model = timm.create_model(config.dino_model, pretrained=False, num_classes=0, dynamic_img_size=True,
-                              **dict(config.dino_kwargs))
+    try:
+        model = timm.create_model(config.dino_model, pretrained=False, num_classes=0, dynamic_img_size=True,
+                                  **dict(config.dino_kwargs))
+    except TypeError as e:  # an unknown constructor kwarg
+        raise ConfigError(f"model.dino_kwargs {dict(config.dino_kwargs)} are not all {config.dino_model} "
+                          f"arguments ({e})") from None
+    except RuntimeError as e:
+        if "Unknown model" not in str(e):
+            raise
+        raise ConfigError(f"model.dino_model={config.dino_model!r} is not a timm model ({e})") from None
     if config.dino_path is not None:
         load_dino(model, config.dino_path)
     return model
@@ -159,12 +168,17 @@ def build_dino(config: TransNormalConfig) -> nn.Module:
 def hf_dinov3_to_timm(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """Rename a Hugging Face ``DINOv3ViTModel`` state dict to timm's ``vit_*_patch16_dinov3*`` layout.
 
+    Blocks are accepted under every name transformers gives them: ``layer.N.*`` (the files
+    ``save_pretrained`` writes and the Hub's ``facebook/dinov3-*`` folders hold), ``model.layer.N.*`` (the
+    in-memory ``state_dict()``), either with a ``dinov3.`` prefix (a model wrapped by a task head).
     q / k / v projections are fused into ``qkv``; q / v biases go to timm's ``q_bias`` / ``v_bias`` when the
     model has them (``*_qkvb`` variants) and must be all zero otherwise.
     """
     own = model.state_dict()
     out: dict[str, torch.Tensor] = {}
     sd = {(k[len("dinov3."):] if k.startswith("dinov3.") else k): v for k, v in sd.items()}
+    # one block naming: on disk ``layer.N.``, in memory ``model.layer.N.``
+    sd = {("layer." + k[len("model.layer."):] if k.startswith("model.layer.") else k): v for k, v in sd.items()}
     fixed = {"embeddings.cls_token": "cls_token", "embeddings.register_tokens": "reg_token",
              "embeddings.patch_embeddings.weight": "patch_embed.proj.weight",
              "embeddings.patch_embeddings.bias": "patch_embed.proj.bias",
@@ -179,17 +193,20 @@ def hf_dinov3_to_timm(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str
         if k in fixed:
             out[fixed[k]] = v
             continue
-        if k == "embeddings.mask_token" or not k.startswith("model.layer."):
+        if k == "embeddings.mask_token" or not k.startswith("layer."):
             if k != "embeddings.mask_token":
                 out[k] = v  # unknown: reported by load_into
             continue
-        i, rest = k[len("model.layer."):].split(".", 1)
+        i, rest = k[len("layer."):].split(".", 1)
         prefix = f"blocks.{i}."
         if rest.startswith("attention.") and rest.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
             proj, kind = rest.split(".")[1:3]
             if kind == "weight" and proj == "q_proj":
-                out[prefix + "attn.qkv.weight"] = torch.cat(
-                    [sd[f"model.layer.{i}.attention.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj")], 0)
+                names = [f"layer.{i}.attention.{p}.weight" for p in ("q_proj", "k_proj", "v_proj")]
+                if any(n not in sd for n in names):
+                    raise CheckpointError(f"block {i} lacks one of {', '.join(names)} (q / k / v are fused "
+                                          "into timm's qkv)")
+                out[prefix + "attn.qkv.weight"] = torch.cat([sd[n] for n in names], 0)
             elif kind == "bias" and proj in ("q_proj", "v_proj"):
                 target = prefix + f"attn.{proj[0]}_bias"
                 if target in own:
@@ -208,15 +225,30 @@ def hf_dinov3_to_timm(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str
 
 
 def load_dino(model: nn.Module, path: str | Path) -> None:
-    """Load DINOv3 weights (timm, Meta original or Hugging Face layout), checking every key and shape."""
+    """Load DINOv3 weights, checking every key and shape.
+
+    ``path``: a timm / Meta original ``.safetensors`` file, or a folder: one that transformers'
+    ``DINOv3ViTModel.save_pretrained`` wrote (``config.json`` + ``model.safetensors``, or shards listed in
+    ``model.safetensors.index.json``), or any folder with a ``.safetensors`` file. Opened read-only.
+    """
     path = Path(path)
     file = path
-    if path.is_dir():
-        cands = [path / "model.safetensors", *sorted(path.glob("*.safetensors"))]
-        file = next((c for c in cands if c.is_file()), None)
-        if file is None:
-            raise CheckpointError(f"{path}: no .safetensors file")
-    sd = load_weights(file)
+    index = path / "model.safetensors.index.json"
+    if path.is_dir() and index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors shard index ({e})") from None
+        sd = {}
+        for shard in shards:
+            sd.update(load_weights(path / shard))
+    else:
+        if path.is_dir():
+            cands = [path / "model.safetensors", *sorted(path.glob("*.safetensors"))]
+            file = next((c for c in cands if c.is_file()), None)
+            if file is None:
+                raise CheckpointError(f"{path}: no .safetensors file")
+        sd = load_weights(file)
     if "embeddings.patch_embeddings.weight" in sd or "dinov3.embeddings.patch_embeddings.weight" in sd:
         sd = hf_dinov3_to_timm(sd, model)
     elif "storage_tokens" in sd:

@@ -61,8 +61,8 @@ class LACWMConfig:
     encoder_path: str | None = None  # local weights of the timm encoder (safetensors / timm checkpoint)
     encoder_kwargs: dict[str, int] = field(default_factory=dict)  # e.g. {img_size: 48, patch_size: 8}
     idm_frame_diff: bool = True  # pixels / conv: encode each frame with its difference to the previous one
-    image_size: int = 48
-    patch_size: int = 6
+    image_size: int = 64  # the recorded frames' size (data.image_size); the shipped checkpoints' 64 / 8
+    patch_size: int = 8  # a power of two for encoder=conv (strided 2x2 stages)
     width: int = 128
     num_heads: int = 4
     idm_depth: int = 2

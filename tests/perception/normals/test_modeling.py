@@ -246,3 +246,98 @@ def test_efficientnet_context_is_frozen_pretrained_and_not_saved():
     assert set(model.param_groups()["projector"]) == set(model.projector.parameters())
     with pytest.raises(Exception, match="context_encoder"):
         tiny_config(context_encoder="clip")
+
+
+def _tree_bytes(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("variant, zero_qv_bias", [("vit_small_patch16_dinov3", True),
+                                                   ("vit_small_patch16_dinov3_qkvb", False)])
+def test_dinov3_folder_written_by_save_pretrained_loads_through_dino_path(tmp_path, variant, zero_qv_bias):
+    """Was: a ``DINOv3ViTModel.save_pretrained`` folder (blocks named ``layer.N``, not the in-memory
+    ``model.layer.N``) was refused with 26 missing / 34 unexpected keys.
+
+    The folder has the Hub ViT-L/16's structure (4 registers, q / v biases, no k bias, layer scale), shrunk to
+    width 32, 2 layers, 2 heads. Real DINOv3 checkpoints hold all-zero q / v biases, so the default timm
+    variant (no qkv bias) takes them; non-zero ones need the ``*_qkvb`` variant.
+    """
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    from core.resources import resource_dir
+
+    torch.manual_seed(0)
+    hf = DINOv3ViTModel(DINOv3ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=128, patch_size=16, num_register_tokens=4,
+                                        query_bias=True, key_bias=False, value_bias=True, proj_bias=True,
+                                        mlp_bias=True, layerscale_value=1e-5, use_gated_mlp=False,
+                                        rope_theta=100.0, layer_norm_eps=1e-5, image_size=224)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():  # non-trivial values everywhere (layer scale, biases)
+            p.add_(0.02 * torch.randn_like(p))
+            if zero_qv_bias and name.endswith(("q_proj.bias", "v_proj.bias")):
+                p.zero_()
+    folder = tmp_path / "dinov3-vits16"
+    hf.save_pretrained(folder)
+    assert any(k.startswith("layer.0.") for k in load_file(folder / "model.safetensors"))  # the on-disk naming
+    before = _tree_bytes(folder)
+
+    model = TransNormalModel(tiny_config(dino_model=variant, dino_path=str(folder),
+                                         dino_kwargs={"embed_dim": 32, "depth": 2, "num_heads": 2})).eval()
+    rgb = Image.open(resource_dir("assets") / "samples" / "normals" / "glassware_000300.png").convert("RGB")
+    rgb = rgb.resize((48, 32), Image.BILINEAR)
+    x = torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)[None].float() / 127.5 - 1.0
+    pixels = ((x + 1.0) * 0.5 - model.dino_mean) / model.dino_std  # what TransNormalModel.context feeds DINOv3
+    with torch.no_grad():
+        ref = hf(pixel_values=pixels).last_hidden_state  # (1, 1 + 4 + 2 * 3, 32)
+        got = model.dino.forward_features(pixels)
+        ctx = model.context(x)
+    assert got.shape == ref.shape == (1, 5 + 6, 32)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ctx, model.projector(ref[:, 5:]), atol=1e-4, rtol=1e-4)  # CLS + registers dropped
+    assert _tree_bytes(folder) == before  # the user's folder is only read
+    # the in-memory names (``model.layer.N``) still convert to the same weights
+    mem = hf_dinov3_to_timm(hf.state_dict(), model.dino)
+    disk = hf_dinov3_to_timm(load_file(folder / "model.safetensors"), model.dino)
+    assert mem.keys() == disk.keys() and all(torch.equal(mem[k], disk[k]) for k in mem)
+
+
+def test_dinov3_sharded_folder_and_bad_kwargs(tmp_path):
+    """A sharded ``save_pretrained`` folder (``model.safetensors.index.json``) loads; a timm kwarg the model
+    does not take is a one-line ConfigError naming ``model.dino_kwargs``."""
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    from core.errors import ConfigError
+
+    torch.manual_seed(0)
+    hf = DINOv3ViTModel(DINOv3ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=128, num_register_tokens=4)).eval()
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    model = TransNormalModel(tiny_config(dino_model="vit_small_patch16_dinov3_qkvb",
+                                         dino_path=str(tmp_path / "sharded"),
+                                         dino_kwargs={"embed_dim": 32, "depth": 2, "num_heads": 2})).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.dino.forward_features(x), hf(pixel_values=x).last_hidden_state,
+                                   atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match=r"model\.dino_kwargs .*unexpected keyword argument 'depht'"):
+        TransNormalModel(tiny_config(dino_kwargs={"embed_dim": 16, "depht": 1, "num_heads": 2}))
+
+
+def test_dino_kwargs_take_new_keys_on_the_command_line():
+    """Was: ``model.dino_kwargs.embed_dim=64`` was refused as unknown where the YAML had no dino_kwargs (only
+    ``+model.dino_kwargs...`` worked). A dict field's keys are data; the fields around it stay strict."""
+    from core.config import compose, to_object
+    from core.errors import ConfigError
+
+    cfg = compose(["experiment=transnormal_paper", "model.dino_kwargs.embed_dim=64",
+                   "model.dino_kwargs.mlp_ratio=2.5"])
+    assert dict(cfg.model.dino_kwargs) == {"embed_dim": 64, "mlp_ratio": 2.5}
+    assert to_object(cfg.model).dino_kwargs == {"embed_dim": 64, "mlp_ratio": 2.5}
+    with pytest.raises(ConfigError, match="unknown config key 'model.dino_kwarg"):
+        compose(["experiment=transnormal_paper", "model.dino_kwarg.embed_dim=64"])

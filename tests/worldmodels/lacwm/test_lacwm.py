@@ -473,3 +473,22 @@ def test_scaling_sweep_runs_each_arm_and_count_through_the_cli_grid(tmp_path, mo
     n = len(calls)
     scaling(["trainer.seed=2"], [1, 2], str(tmp_path), arms=("lacwm", "eacwm"))
     assert len(calls) == n  # finished cells are not rerun
+
+
+@pytest.mark.parametrize("cls", [LACWMConfig, EACWMConfig])
+def test_schema_defaults_validate_and_build(cls):
+    """Was: ``LACWMConfig()`` raised ``model.encoder=conv needs a power-of-two patch_size, got 6``. The defaults
+    validate, also through Hydra with the bare schema, and build a model that trains one step on default-size
+    frames (the conv encoder's log2(8) = 3 stride-2 stages)."""
+    cfg = cls()
+    assert cfg.encoder == "conv" and cfg.patch_size & (cfg.patch_size - 1) == 0 and cfg.image_size % cfg.patch_size == 0
+    name = "lacwm" if cls is LACWMConfig else "eacwm"
+    composed = to_object(compose(["experiment=lacwm", f"model={name}_schema"]).model)
+    assert composed == cfg
+    model = build_model(dataclasses.replace(cfg, action_dims={"Arm": 5}, width=32, num_heads=2, idm_depth=1,
+                                            fdm_depth=1))
+    b = _batch(b=2, a=5)
+    b["frames"] = torch.randint(0, 256, (2, 2, 3, cfg.image_size, cfg.image_size), dtype=torch.uint8)
+    out = model.training_step(b)
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
