@@ -5,8 +5,9 @@ domain when the cosine distance from its FD-EffNet feature (``core.metrics.featu
 EfficientNet-Lite0, pooled 1280-d) to the NEAREST feature of a sample of training images exceeds a threshold.
 The threshold is the ``quantile`` (default 0.99) of the same distance over a calibration split of in-domain
 images the model never saw; the false-alarm rate is then measured on another held-out in-domain split and
-recorded beside it. Nothing here knows any method: a method's infer command calls
-``warn_if_out_of_domain(checkpoint_dir, images, names)``.
+recorded beside it. Nothing here knows any method: every infer command whose model has a training domain calls
+``warn_if_out_of_domain(checkpoint_dir, images, names)`` (normals, depth360, forensics, video's
+``--first-frame``, i2v); a checkpoint without the statistics gets a one-line note that the check is unavailable.
 
 Files in the checkpoint folder: ``domain.safetensors`` (``features`` (N, 1280) float16 of the training sample)
 and the ``domain_check`` entry of ``README.md``'s front matter (rule, threshold, rates, sizes).
@@ -113,29 +114,45 @@ def check(directory: str | Path, images: Sequence[np.ndarray]) -> list[float] | 
     return nearest_distance(features(images), ref).tolist()
 
 
+_noted: set[str] = set()  # checkpoints whose "no check" note was printed (once per process)
+
+
 def warn_if_out_of_domain(directory: str | Path, images: Sequence[np.ndarray], names: Sequence[str],
-                          stream=None) -> list[bool]:
+                          stream=None) -> list[bool | None]:
     """Print one warning line per input outside the training domain; returns the out-of-domain flags.
 
     ``directory`` is the checkpoint folder the model was loaded from (resolved), whose model card states
-    the training domain.
+    the training domain. Images with the same name are one input (e.g. a video's first, middle and last
+    frame): it is judged by their median distance and warned about once. A checkpoint without the check
+    (no ``domain.safetensors``) gets one note per process saying that the check is unavailable, and the flags
+    are None (unknown).
     """
     import sys
 
     from core.pretrained import read_card
 
+    stream = stream or sys.stderr
     loaded = load(directory)
+    card = read_card(directory)
+    domain = card.get("training_domain", "its training data")
     if loaded is None:
-        return [False] * len(images)
+        key = str(Path(directory).resolve())
+        if key not in _noted:
+            _noted.add(key)
+            print(f"embodied: note: {Path(directory).name} has no domain statistics ({DOMAIN_FILE}): inputs are "
+                  f"not checked against its training domain ({domain})", file=stream)
+        return [None] * len(images)
     ref, entry = loaded
-    dist = nearest_distance(features(images), ref)
-    domain = read_card(directory).get("training_domain", "its training data")
-    flags = []
-    for name, d in zip(names, dist.tolist(), strict=True):
-        out = d > entry["threshold"]
-        flags.append(out)
-        if out:
+    dist = nearest_distance(features(images), ref).tolist()
+    groups: dict[str, list[float]] = {}
+    for name, d in zip(names, dist, strict=True):
+        groups.setdefault(name, []).append(d)
+    outside = {}
+    for name, ds in groups.items():
+        d = float(np.median(ds))
+        outside[name] = d > entry["threshold"]
+        if outside[name]:
             print(f"embodied: warning: {name} is far from this model's training domain ({domain}): feature "
                   f"distance {d:.3f} > {entry['threshold']:.3f} (false alarms on held-out training-like images: "
-                  f"{entry['false_alarm_rate_heldout']:.0%}); expect meaningless output", file=stream or sys.stderr)
-    return flags
+                  f"{entry['false_alarm_rate_heldout']:.0%}); expect meaningless output", file=stream)
+    return [outside[name] for name in names]

@@ -11,6 +11,7 @@ register_method(
     config="perception.forensics.configuration_deepvrm",
     model="perception.forensics.modeling_deepvrm:DeepVRM",
     example="perception.forensics.modeling_deepvrm:tiny_example",
+    headline=[("per_generator.*.acc", ""), ("qa_exact_match.acc", ""), ("qa_exact_match_base.acc", "")],
     demo="perception.forensics.demo:demo_section",
     # same base VLM, data, steps, harness; out_dir follows model.arm
     arms={"deepvrm": [], "lora": ["model.arm=lora"], "full": ["model.arm=full"],
@@ -19,7 +20,10 @@ register_method(
         "forensics", "perception.forensics.cli:infer",
         "real or fake? one JSON line per image (verdict, probability, reason) from a Deep-VRM detector",
         (("inputs", dict(nargs="+", metavar="IMAGE|DIR",
-                         help="images, or folders of images (searched recursively)")),
+                         help="images, or folders of images (walked recursively for every readable format: "
+                              ".png .jpg .jpeg .bmp .webp .tif .tiff .gif). One JSON line per input, keyed by "
+                              "its path; an input that cannot be read (or a video) gets an error line and is "
+                              "skipped; the exit code is then 1")),
          ("--batch", dict(type=int, default=32, help="images per forward")),
          ("--no-reason", dict(action="store_true", help="skip generating the reason (faster)"))),
     )],

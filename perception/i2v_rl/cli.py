@@ -5,6 +5,7 @@
 The image is centre-cropped and resized to the policy's frame size (``core.data.imread.read_square``); the video
 (the given frame, then ``frames - 1`` generated ones) is sampled with the deterministic ODE (or the SDE with
 ``--sde``) and written atomically: an unreadable image, a bad ``--out`` or a failure on the way leaves no file.
+The image is checked against the policy's training domain (``core.domain``): a warning on stderr when it is far.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def infer(args) -> int:
     import torch
 
     from core.data.imread import read_square
-    from core.data.video import write_mp4
+    from core.data.video import VIDEO_EXTS, write_mp4
+    from core.domain import warn_if_out_of_domain
     from core.resources import asset
     from perception.i2v_rl.policy import I2VPolicy
     from perception.i2v_rl.task import policy_folder
@@ -34,12 +36,15 @@ def infer(args) -> int:
     image = Path(args.image)
     if not image.is_file():
         raise DataError(image, "no such file")
+    if image.suffix.lower() in VIDEO_EXTS:
+        raise DataError(image, "is a video; i2v continues one image (extract a frame first)")
     policy_dir = Path(args.checkpoint) if getattr(args, "checkpoint", None) else asset("checkpoints", "tagrpo")
     if not policy_dir.is_dir():
         raise DataError(policy_dir, "no such policy folder (--checkpoint: a run or its <out_dir>/policy)")
     policy = I2VPolicy.from_pretrained(policy_folder(policy_dir)).eval()
     size = policy.backbone.config.frame_size
     first = read_square(image, size)  # before any output exists: a bad image leaves nothing behind
+    warn_if_out_of_domain(policy.loaded_from["path"], [first], [str(image)])
     img = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None]
     z = policy.encode_first(img)
     g = torch.Generator().manual_seed(args.seed)
@@ -50,3 +55,42 @@ def infer(args) -> int:
     write_mp4(out, video, fps=FPS)
     print(f"{'sde' if args.sde else 'ode'}: {len(video)} frames ({size} px) from {image} -> {out}")
     return 0
+
+
+def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "outputs/domain/videos",
+                     n_train: int = 48, n_cal: int = 48, n_heldout: int = 48) -> dict:
+    """Fit and store the conditioning-image domain check (``core.domain``) of a policy post-trained on
+    simulator clips' first frames: the training sample is frames 0, 8, 16, 23 of the first ``n_train`` clips of
+    its data (``sim.render.videos``, seed 0, the policy's frame size, 24 frames); calibration and held-out
+    splits are first frames of clips of seeds 1000 and 2000. Run once at ship time::
+
+        python -c "from perception.i2v_rl.cli import calibrate_domain; calibrate_domain()"
+    """
+    from core.bootstrap import prepare_process
+
+    prepare_process()  # the learning stack before any render context
+    import numpy as np
+
+    from core import domain
+    from core.data.video import read_frames
+    from core.resources import asset
+    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.task import policy_folder
+    from sim.render.videos import make_dataset
+
+    checkpoint = Path(checkpoint or asset("checkpoints", "tagrpo"))
+    folder = policy_folder(checkpoint)
+    size = I2VPolicy.from_pretrained(folder).backbone.config.frame_size
+
+    def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
+        frames = 24 if name == "train" else 1
+        root = Path(work) / f"{size}px_{name}_seed{seed}_n{n}_f{frames}"
+        if not (root / "meta.json").is_file():
+            make_dataset(root, n=n, seed=seed, size=size, test_fraction=0.0, frames=frames)
+        picks = (0, 8, 16, 23) if frames == 24 else (0,)
+        return [read_frames(clip)[i] for clip in sorted((root / "train" / "video").glob("*.mp4")) for i in picks]
+
+    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
+    return domain.calibrate(folder, load_split, sizes,
+                            f"sim.render.videos seeds 0 (frames 0 / 8 / 16 / 23 of the first {n_train} training "
+                            f"clips), 1000 and 2000 (first frames); {size} px")

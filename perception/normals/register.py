@@ -21,6 +21,7 @@ register_method(
     config="perception.normals.configuration_transnormal",
     model="perception.normals.modeling_transnormal:TransNormalModel",
     example="perception.normals.modeling_transnormal:example",
+    headline=[("models.*.all.mean", "deg"), ("models.*.all.median", "deg"), ("models.*.all.a11.25", "%")],
     demo="perception.normals.demo:demo_section",
     # the context-encoder study (python -m perception.normals.experiments glass): the method as
     # configs/experiment/transnormal.yaml sets it (frozen ImageNet EfficientNet-Lite0 context), then the
@@ -30,7 +31,16 @@ register_method(
     infer=[InferSpec(
         "normals", "perception.normals.cli:infer",
         "surface normals (PNG + .npy) for images or folders (TransNormal)",
-        (("inputs", dict(nargs="+", metavar="IMAGE|DIR")), ("--out", dict(required=True)),
+        (("inputs", dict(nargs="+", metavar="IMAGE|DIR|VIDEO", help=(
+            "images, videos, or folders (walked recursively for every readable image format and videos). "
+            "Outputs: OUT/NAME_normals.png + .npy, NAME = the file's stem, its path inside a given folder "
+            "(subfolders kept), or stem_ext when stems collide (coffee.bmp, coffee.gif -> coffee_bmp, "
+            "coffee_gif). An input that cannot be read is skipped with an error line; the exit code is then 1"))),
+         ("--out", dict(required=True, metavar="DIR", help="output folder (refused if it holds anything no "
+                                                          "embodied run wrote)")),
+         ("--max-frames", dict(type=int, default=16, metavar="N", help=(
+             "a video: run its first N frames (default 16; 0 = all). Its frame count and the size of "
+             "NAME_normals.npy ((T, H, W, 3) float16) are stated before it starts"))),
          ("--pointcloud", dict(action="store_true", help="also write an oriented .ply (needs --depth)")),
          ("--depth", dict(default=None, help="depth map (.npy, metres) for --pointcloud"))),
     )],

@@ -1,11 +1,16 @@
-"""``embodied infer depth360 PANO... --out DIR``: 360 depth + semantics for equirectangular panoramas.
+"""``embodied infer depth360 PANO|DIR... --out DIR``: 360 depth + semantics for equirectangular panoramas.
 
-Inputs are image files or folders (walked recursively for images and .exr / .hdr files; two inputs of the same
-stem are refused), each a 2:1 equirectangular panorama in the ``core.data.panoramas`` convention. Per input
-``<stem>`` it writes into ``DIR``: ``<stem>_depth.npy`` (H, W) float32 Euclidean range in metres, ``<stem>_depth.png`` (colour-mapped),
-``<stem>_semantic.npy`` (H, W) uint8 class ids, ``<stem>_semantic.png`` (palette), and one
-``predictions.json`` with the classes and the checkpoint used. The checkpoint is the shipped one
-(``assets/checkpoints/sola``) unless ``--checkpoint`` names another (a checkpoint or run directory).
+Inputs are image files or folders (walked recursively for every image format the reader takes and .exr / .hdr
+files), each a 2:1 equirectangular panorama in the ``core.data.panoramas`` convention. Outputs are named by
+``core.data.inputs.plan_outputs`` (a named file by its stem, a file found in a folder by its path inside it,
+colliding stems with their extension: ``room.png``, ``room.exr`` -> ``room_png``, ``room_exr``). Per input
+``<name>`` it writes into ``DIR``: ``<name>_depth.npy`` (H, W) float32 Euclidean range in metres,
+``<name>_depth.png`` (colour-mapped), ``<name>_semantic.npy`` (H, W) uint8 class ids, ``<name>_semantic.png``
+(palette), and one ``predictions.json`` with the classes, the checkpoint used and one entry per input (its
+outputs, depth range, out-of-domain flag). An input that cannot be read (or is not 2:1, or is a video: this
+command reads still panoramas only) is skipped with its own error line on stderr while the others run; the
+exit code is then 1. The checkpoint is the shipped one (``assets/checkpoints/sola``) unless ``--checkpoint``
+names another (a checkpoint or run directory).
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ def palette(n: int) -> np.ndarray:
     return pal
 
 
-def _inputs(paths: list[str]) -> list[Path]:
-    """The panoramas to run on: files as given, folders walked (``core.data.inputs.expand_inputs``)."""
-    from core.data.inputs import IMAGE_EXTS, expand_inputs
+def _inputs(paths: list[str]) -> list[tuple[Path, str]]:
+    """``(panorama, output name)`` pairs: files as given, folders walked (``core.data.inputs.plan_outputs``)."""
+    from core.data.inputs import IMAGE_EXTS, plan_outputs
 
-    return expand_inputs(paths, IMAGE_EXTS + HDR_SUFFIXES, unique_stems=True)
+    return plan_outputs(paths, IMAGE_EXTS + HDR_SUFFIXES, keep_missing=True)
 
 
 def read_panorama(path: Path) -> np.ndarray:
@@ -41,7 +46,11 @@ def read_panorama(path: Path) -> np.ndarray:
     tone-mapped (``core.data.panoramas.tonemap_to_srgb``, Reinhard with automatic exposure), others read as is."""
     from core.data.imread import read_image
     from core.data.panoramas import read_equirect, tonemap_to_srgb
+    from core.data.video import VIDEO_EXTS
 
+    if path.suffix.lower() in VIDEO_EXTS:
+        raise DataError(path, "is a video; depth360 reads still panoramas (extract frames first, e.g. "
+                              "`ffmpeg -i clip.mp4 frames/%04d.png`)")
     if path.suffix.lower() in HDR_SUFFIXES:
         return tonemap_to_srgb(read_equirect(path))
     rgb = read_image(path)
@@ -52,42 +61,73 @@ def read_panorama(path: Path) -> np.ndarray:
 
 
 def infer(args) -> int:
-    """Run the checkpoint on every panorama in ``args.inputs``; write results to ``args.out``."""
-    import cv2
+    """Run the checkpoint on every panorama in ``args.inputs``; write results to ``args.out``.
+
+    Returns:
+        0 when every input ran, 1 when some were skipped (each with its own error line on stderr).
+    """
     import torch
 
     from core.domain import warn_if_out_of_domain
-    from core.io import atomic_path, write_json
-    from core.viz import colorize
+    from core.io import write_json
+    from core.logging import progress
+    from core.outputs import Batch, announce
     from perception.spherical.modeling_sola import SoLAModel
 
+    plan = _inputs(list(args.inputs))
     ckpt = Path(getattr(args, "checkpoint", None) or DEFAULT_CHECKPOINT)
     model = SoLAModel.from_pretrained(ckpt)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named
     pal = palette(model.config.num_classes)
-    written = []
-    for f in _inputs(list(args.inputs)):
-        rgb8 = read_panorama(f)
-        outside = warn_if_out_of_domain(model.loaded_from["path"], [rgb8], [str(f)])[0]
-        rgb = torch.from_numpy(np.ascontiguousarray(rgb8.transpose(2, 0, 1)))[None]
-        pred = model.predict(rgb)
-        depth = pred["depth"][0, 0].numpy().astype(np.float32)
-        sem = pred["semantic"][0].numpy().astype(np.uint8)
-        for name, arr in ((f"{f.stem}_depth.npy", depth), (f"{f.stem}_semantic.npy", sem)):
-            with atomic_path(out / name) as tmp, open(tmp, "wb") as fh:
-                np.save(fh, arr)
-        for name, img in ((f"{f.stem}_depth.png", colorize(depth, cmap="magma")), (f"{f.stem}_semantic.png", pal[sem])):
-            with atomic_path(out / name) as tmp:
-                if not cv2.imwrite(str(tmp), np.ascontiguousarray(img[..., ::-1])):
-                    raise OSError(f"could not write {out / name}")
-        written.append({"input": str(f), "depth": f"{f.stem}_depth.npy", "semantic": f"{f.stem}_semantic.npy",
+    written, batch = [], Batch(len(plan), "panoramas")
+    bar = progress(plan, desc="depth360", unit="pano", enabled=len(plan) > 1)
+    for f, name in bar:
+        files: list[Path] = []
+        try:
+            if not f.is_file():
+                raise DataError(f, "no such file")
+            rgb8 = read_panorama(f)
+            outside = warn_if_out_of_domain(model.loaded_from["path"], [rgb8], [str(f)])[0]
+            rgb = torch.from_numpy(np.ascontiguousarray(rgb8.transpose(2, 0, 1)))[None]
+            pred = model.predict(rgb)
+            depth = pred["depth"][0, 0].numpy().astype(np.float32)
+            sem = pred["semantic"][0].numpy().astype(np.uint8)
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            _write_outputs(out, name, depth, sem, pal, files)
+        except Exception as e:  # one panorama's failure skips only that panorama
+            for p in files:
+                p.unlink(missing_ok=True)
+            batch.skip(f, e, bar)
+            continue
+        written.append({"input": str(f), "depth": f"{name}_depth.npy", "semantic": f"{name}_semantic.npy",
                         "depth_range_m": [float(depth.min()), float(depth.max())], "out_of_domain": outside})
-        shown = Path(getattr(args, "out_display", None) or out)  # the folder the user named
-        print(f"{f}: depth {depth.min():.2f}-{depth.max():.2f} m -> {shown / (f.stem + '_depth.npy')}")
-    classes = _classes(ckpt, model.config.num_classes)
-    write_json(out / "predictions.json", {"checkpoint": str(ckpt), "classes": classes, "outputs": written})
-    return 0
+        line = f"{f}: depth {depth.min():.2f}-{depth.max():.2f} m -> {shown / (name + '_depth.npy')}"
+        announce(args, line, shown / f"{name}_depth.npy")
+    if written:
+        classes = _classes(ckpt, model.config.num_classes)
+        write_json(out / "predictions.json", {"checkpoint": str(ckpt), "classes": classes, "outputs": written})
+    return batch.exit_code()
+
+
+def _write_outputs(out: Path, name: str, depth: np.ndarray, sem: np.ndarray, pal: np.ndarray,
+                   files: list[Path]) -> None:
+    """``<name>_depth.npy / .png`` and ``<name>_semantic.npy / .png`` (atomic each), noted in ``files``."""
+    import cv2
+
+    from core.io import atomic_path
+    from core.viz import colorize
+
+    for fname, arr in ((f"{name}_depth.npy", depth), (f"{name}_semantic.npy", sem)):
+        files.append(out / fname)
+        with atomic_path(out / fname) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, arr)
+    for fname, img in ((f"{name}_depth.png", colorize(depth, cmap="magma")), (f"{name}_semantic.png", pal[sem])):
+        files.append(out / fname)
+        with atomic_path(out / fname) as tmp:
+            if not cv2.imwrite(str(tmp), np.ascontiguousarray(img[..., ::-1])):
+                raise OSError(f"could not write {out / fname}")
 
 
 def _run_data(ckpt: Path) -> dict:

@@ -1,8 +1,9 @@
 """``embodied infer video --out FILE.mp4 [--mode bidirectional|autoregressive|flex] [--frames N]
 [--first-frame IMAGE]``: generate a video with Flex-Forcing.
 
-The model continues given frames: ``--first-frame`` (any image, resized to the model's frame size) or, without
-it, the first frame of the shipped model's sample scene (a held-out simulator clip bundled in the checkpoint
+The model continues given frames: ``--first-frame`` (any image, resized to the model's frame size; checked
+against the training domain by ``core.domain``, a warning when it is far) or, without it, the first frame of
+the shipped model's sample scene (a held-out simulator clip bundled in the checkpoint
 folder as ``sample_first_frame.png``). ``--frames`` counts the output frames, the first included; videos longer
 than the training length are generated in windows (see ``perception.video.sampling``). The mp4 is written
 atomically (temp file + rename): a failed run leaves no partial file. The checkpoint is the shipped one
@@ -61,6 +62,10 @@ def infer(args) -> int:
             raise DataError(ckpt, f"has no {SAMPLE_FRAME}; pass --first-frame IMAGE")
         first_path = sample
     first = read_first_frame(first_path, size)
+    if args.first_frame:  # the shipped sample frame is the model's own; a user's image is checked
+        from core.domain import warn_if_out_of_domain
+
+        warn_if_out_of_domain(model.loaded_from["path"], [first], [str(first_path)])
     video = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None, None]
     z = model.encode(video)
     g = torch.Generator().manual_seed(args.seed)
@@ -72,3 +77,37 @@ def infer(args) -> int:
     print(f"{args.mode}: {args.frames} frames ({size} px) in {gen.seconds:.2f} s, first new frame after "
           f"{gen.first_frame_s:.2f} s -> {out}")
     return 0
+
+
+def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "outputs/domain/videos",
+                     n_train: int = 48, n_cal: int = 48, n_heldout: int = 48) -> dict:
+    """Fit and store the ``--first-frame`` domain check (``core.domain``) of a checkpoint trained on simulator
+    clips: the training sample is frames 0, 8, 16, 23 of the first ``n_train`` clips of the training data
+    (``sim.render.videos``, seed 0, the checkpoint's frame size, 24 frames); calibration and held-out splits
+    are the first frames of clips of seeds 1000 and 2000. Run once at ship time (about 3 minutes on a CPU)::
+
+        python -c "from perception.video.cli import calibrate_domain; calibrate_domain()"
+    """
+    from core.bootstrap import prepare_process
+
+    prepare_process()  # the learning stack before any render context
+    from core import domain
+    from core.data.video import read_frames
+    from perception.video.modeling_flexforcing import FlexForcingModel
+    from sim.render.videos import make_dataset
+
+    checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)
+    size = FlexForcingModel.from_pretrained(checkpoint).config.frame_size
+
+    def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
+        frames = 24 if name == "train" else 1
+        root = Path(work) / f"{size}px_{name}_seed{seed}_n{n}_f{frames}"
+        if not (root / "meta.json").is_file():
+            make_dataset(root, n=n, seed=seed, size=size, test_fraction=0.0, frames=frames)
+        picks = (0, 8, 16, 23) if frames == 24 else (0,)
+        return [read_frames(clip)[i] for clip in sorted((root / "train" / "video").glob("*.mp4")) for i in picks]
+
+    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
+    return domain.calibrate(checkpoint, load_split, sizes,
+                            f"sim.render.videos seeds 0 (frames 0 / 8 / 16 / 23 of the first {n_train} training "
+                            f"clips), 1000 and 2000 (first frames); {size} px")

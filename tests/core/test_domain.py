@@ -35,8 +35,15 @@ def test_fit_save_load_and_warn(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("embodied: warning: noise1 is far from this model's training "
                                                "domain (smooth gradients)")
-    assert domain.load(tmp_path) is None  # a folder without a check warns about nothing
-    assert domain.warn_if_out_of_domain(tmp_path, noise, ["x", "y"]) == [False, False]
+    # a video's frames under one name are one input: one warning, by their median distance
+    assert domain.warn_if_out_of_domain(folder, [*noise, _smooth(rng, 1)[0]], ["clip"] * 3) == [True] * 3
+    assert capsys.readouterr().err.count("warning: clip is far") == 1
+    assert domain.load(tmp_path) is None  # a folder without a check: flags unknown, one note per process
+    assert domain.warn_if_out_of_domain(tmp_path, noise, ["x", "y"]) == [None, None]
+    assert domain.warn_if_out_of_domain(tmp_path, noise, ["x", "y"]) == [None, None]
+    note = capsys.readouterr().err.strip().splitlines()
+    assert note == [f"embodied: note: {tmp_path.name} has no domain statistics (domain.safetensors): inputs are "
+                    "not checked against its training domain (its training data)"]
 
 
 def test_shipped_sola_flags_a_real_panorama_not_a_render(tmp_path):

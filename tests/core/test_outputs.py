@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from core.outputs import MARKER, OutputError, claim_output, run_marker
+from core.outputs import MARKER, OutputError, claim_output, run_marker, written_files
 
 
 def test_an_existing_file_is_refused(tmp_path):
@@ -54,12 +54,71 @@ def test_another_runs_folder_is_refused_unless_overwrite_which_replaces_it_whole
     assert (out / "summary.json").read_text() == "new"
 
 
-def test_a_foreign_non_empty_folder_is_refused(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "notes.txt").write_text("user data")
-    with pytest.raises(OutputError, match="files of another run"), claim_output(tmp_path / "out", command="t"):
-        pass
-    assert (tmp_path / "out" / "notes.txt").read_text() == "user data"
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "training"])
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_a_folder_no_run_wrote_is_refused_even_with_overwrite(tmp_path, overwrite, staged):
+    out = tmp_path / "out"
+    (out / "deep").mkdir(parents=True)
+    (out / "notes.txt").write_text("user data")
+    (out / "deep" / "thesis.tex").write_text("more")
+    with pytest.raises(OutputError) as err:
+        with claim_output(out, command="t", overwrite=overwrite, staged=staged, signature={"a": 1}):
+            pass
+    msg = str(err.value)
+    assert msg.startswith(f"{out}: exists and holds files no embodied run wrote (deep/thesis.tex, notes.txt)")
+    assert "another run" not in msg and "\n" not in msg
+    assert (out / "notes.txt").read_text() == "user data" and (out / "deep" / "thesis.tex").read_text() == "more"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial, no lock left
+
+
+def test_files_a_user_put_into_a_run_folder_are_never_overwritten(tmp_path):
+    out = tmp_path / "out"
+    with claim_output(out, command="sim rollout") as d:
+        (d / "videos").mkdir()
+        (d / "videos" / "episode_0.mp4").write_text("v")
+        (d / "summary.json").write_text("{}")
+    assert run_marker(out)["files"] == ["summary.json", "videos/episode_0.mp4"]  # what the run wrote
+    (out / "videos" / "my_edit.mp4").write_text("user")
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match=r"holds files the sim rollout run there did not write "
+                                              r"\(videos/my_edit\.mp4\); move them out"):
+            with claim_output(out, command="sim rollout", overwrite=overwrite):
+                pass
+    assert (out / "videos" / "my_edit.mp4").read_text() == "user"
+    (out / "videos" / "my_edit.mp4").unlink()
+    (out / ".DS_Store").write_bytes(b"finder")  # a file browser's clutter is nobody's work
+    with claim_output(out, command="sim rollout", overwrite=True) as d:
+        (d / "summary.json").write_text("new")
+    assert written_files(out) == ["summary.json"]
+
+
+def test_an_empty_folder_or_one_with_only_a_marker_is_free(tmp_path):
+    for i, content in enumerate(([], [".DS_Store"])):
+        out = tmp_path / f"empty{i}"
+        out.mkdir()
+        for name in content:
+            (out / name).write_text("")
+        with claim_output(out, command="t") as d:  # no --overwrite needed
+            (d / "a.txt").write_text("1")
+        assert (out / "a.txt").read_text() == "1"
+
+
+@pytest.mark.parametrize("status", ["running", "failed", "finished"])
+def test_a_training_folder_of_this_workspace_is_replaced_by_overwrite(tmp_path, status):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / MARKER).write_text(f'{{"command": "train bc", "status": "{status}", "signature": {{"lr": 1}}}}')
+    (out / "ckpt").write_text("old")
+    with pytest.raises(OutputError, match="holds another train bc run; pass --overwrite"):
+        with claim_output(out, command="train bc", staged=False, signature={"lr": 2}):
+            pass
+    with claim_output(out, command="train bc", staged=False, signature={"lr": 2}, overwrite=True) as d:
+        assert not (d / "ckpt").exists()  # started clean
+    with claim_output(tmp_path / "staged", command="t") as d:
+        (d / "x").write_text("1")
+    with claim_output(out, command="demo", overwrite=True) as d:  # a staged command may replace it too
+        (d / "index.html").write_text("")
+    assert written_files(out) == ["index.html"]
 
 
 def test_in_place_training_resumes_same_config_and_marks_failures(tmp_path):

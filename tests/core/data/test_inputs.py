@@ -1,4 +1,5 @@
-"""``core.data.inputs.expand_inputs``: files as given, folders walked, sorted, deterministic, one-line errors."""
+"""``core.data.inputs``: files as given, folders walked, sorted, deterministic, one-line errors; one output-naming
+rule (stems, subfolders kept, colliding stems made unique)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.data.inputs import IMAGE_EXTS, expand_inputs
+from core.data.inputs import IMAGE_EXTS, expand_inputs, plan_outputs
 from core.errors import DataError
 
 
@@ -61,9 +62,23 @@ def test_one_line_errors(tree, tmp_path):
         expand_inputs([])
 
 
-def test_unique_stems(tree, tmp_path):
-    _touch(tree, "sub/b.jpg")
-    assert len(expand_inputs([tree])) == 6
-    with pytest.raises(DataError, match=r"same name as .*b\.png: both would write b_\*") as err:
-        expand_inputs([tree], unique_stems=True)
-    assert str(err.value).startswith(str(tree / "sub" / "b.jpg"))
+def test_output_names_are_stems_subfolder_paths_and_unique(tree):
+    plan = plan_outputs([tree])
+    assert [f for f, _ in plan] == expand_inputs([tree])
+    assert [n for _, n in plan] == ["A", "b", "sub/c", "sub/deeper/d", "sub/z/f"]  # subfolders kept
+    named = plan_outputs([tree / "sub" / "deeper" / "d.tif", tree / "b.png"])
+    assert [n for _, n in named] == ["d", "b"]  # a named file: its stem
+
+
+def test_colliding_stems_get_their_extension_then_a_counter(tmp_path):
+    _touch(tmp_path / "odd", "coffee.bmp", "coffee.gif", "coffee.tiff", "Coffee.webp", "tea.png", "coffee_bmp.png")
+    names = dict((f.name, n) for f, n in plan_outputs([tmp_path / "odd"]))
+    assert names == {"coffee.bmp": "coffee_bmp", "coffee.gif": "coffee_gif", "coffee.tiff": "coffee_tiff",
+                     "Coffee.webp": "Coffee_webp", "tea.png": "tea",
+                     "coffee_bmp.png": "coffee_bmp_2"}  # "coffee_bmp" was taken by coffee.bmp: a counter
+    _touch(tmp_path, "a/x.png", "b/x.png")
+    twice = plan_outputs([tmp_path / "a" / "x.png", tmp_path / "b" / "x.png"])  # same name, same extension
+    assert [n for _, n in twice] == ["x_png", "x_png_2"]
+    every = [n.casefold() for _, n in plan_outputs([tmp_path / "odd", tmp_path / "a", tmp_path / "b"])]
+    assert len(every) == len(set(every)) == 8
+    assert plan_outputs([tmp_path / "odd"]) == plan_outputs([tmp_path / "odd"])  # deterministic
