@@ -1,12 +1,18 @@
-"""Run logging: a JSON-lines metrics file, TensorBoard scalars and a progress bar — on rank 0 only."""
+"""Run logging: a JSON-lines metrics file, TensorBoard scalars and a progress bar — on rank 0 only.
+
+Also the one place where third-party console chatter is turned down (``quiet_third_party``: the CLI calls it
+unless ``--verbose``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +85,91 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def progress(iterable=None, total: int | None = None, desc: str = "", enabled: bool = True, initial: int = 0):
-    """A tqdm progress bar on stderr (disabled on non-main ranks or when asked)."""
+def progress(iterable=None, total: int | None = None, desc: str = "", enabled: bool = True, initial: int = 0,
+             unit: str = "it"):
+    """A tqdm progress bar on stderr (disabled on non-main ranks or when asked).
+
+    On a terminal it redraws up to 10 times a second; when stderr is a file or a pipe (a log), at most every
+    ``NON_TTY_INTERVAL_S`` seconds, so a log gets a few status lines rather than thousands.
+    """
     from tqdm.auto import tqdm
 
+    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, initial=initial, dynamic_ncols=True,
-                leave=False, file=sys.stderr)
+                leave=False, file=sys.stderr, unit=unit, mininterval=0.1 if tty else NON_TTY_INTERVAL_S)
+
+
+NON_TTY_INTERVAL_S = 10.0
+
+# Third-party chatter that says nothing about the user's run (each seen in `embodied` commands' stderr):
+# gym's "unmaintained" banner (print()ed on `import gym`, which LIBERO does), robosuite's import-time macro /
+# optional-package WARNINGs and per-env controller INFO lines, highway-env's "Route ... does not start after
+# current road" warnings (tens per driving evaluation).
+QUIET_LOGGERS = {"highway_env": logging.ERROR, "robosuite_logs": logging.ERROR, "libero": logging.ERROR}
+QUIET_PACKAGES = ("gym", "gymnasium", "robosuite", "highway_env", "libero", "pygame", "mujoco")
+_quiet = False
+
+
+class _AtLeast(logging.Filter):
+    """Keeps records of ``level`` and above; unlike ``setLevel`` it survives a library resetting its level."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level
+
+
+def quiet_third_party() -> None:
+    """Turn down the third-party console chatter listed in ``QUIET_LOGGERS`` / above (idempotent).
+
+    Errors still show. Call it before the libraries are imported (robosuite logs while importing); processes a
+    command spawns call it again (``third_party_quiet`` says whether to).
+    """
+    global _quiet
+    _quiet = True
+    for name, level in QUIET_LOGGERS.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(isinstance(f, _AtLeast) for f in logger.filters):  # robosuite sets its own level on import
+            logger.addFilter(_AtLeast(level))
+    # Python warnings raised from inside those packages: gym installs its own filters on import (ahead of any
+    # set here), so they are dropped where they are shown instead
+    if not getattr(warnings.showwarning, "_embodied_quiet", False):
+        warnings.showwarning = _quiet_showwarning(warnings.showwarning, _package_dirs(QUIET_PACKAGES))
+    if importlib.util.find_spec("gym_notices") is not None:  # gym prints gym_notices' banner on import
+        import gym_notices.notices as gym_notices
+
+        gym_notices.notices.clear()
+
+
+def _package_dirs(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The installed folders of the top-level packages ``names`` (found without importing them)."""
+    dirs = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        dirs += [os.path.join(d, "") for d in (spec.submodule_search_locations or ())] if spec else []
+    return tuple(dirs)
+
+
+def _quiet_showwarning(shown, dirs: tuple[str, ...]):
+    """``warnings.showwarning`` that drops warnings attributed to a file under ``dirs``, shows the others."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if not str(filename).startswith(dirs):
+            shown(message, category, filename, lineno, file, line)
+
+    showwarning._embodied_quiet = True
+    return showwarning
+
+
+def third_party_quiet() -> bool:
+    """Whether ``quiet_third_party`` ran in this process (worker processes repeat it when it did)."""
+    return _quiet
 
 
 def _scalar(v: Any) -> Any:

@@ -213,6 +213,7 @@ class PolicyGuard:
         self.inner = inner
         self.action_shape = tuple(action_shape)
         self.want_overlay = overlays and callable(getattr(inner, "overlay", None))
+        self.expects = getattr(inner, "expects", None)  # the spaces it was built for: sim.rollout checks them
         self.records: dict[Any, EpisodeRecord] = {}
         self.current = EpisodeRecord(None)
 
@@ -455,13 +456,10 @@ def drive_eval(args) -> int:
         report = evaluate_policy(args.policy, names if len(names) > 1 else names[0], args.episodes, out,
                                  seed=args.seed, video=not args.no_video, videos=args.videos,
                                  policy_args=policy_args, env_kwargs=env_kwargs)
-    for sc in report["scenarios"].values():
-        a = sc["aggregate"]
-        print(f"{sc['env_id']} / {report['policy']} over {a['episodes']} episodes: DS {a['driving_score']:.3f}, "
-              f"SR {a['success_rate']:.2f}, collision {a['collision_rate']:.2f}, off-road {a['offroad_rate']:.2f}, "
-              f"timeout {a['timeout_rate']:.2f}, failed {a['failure_rate']:.2f}, route completion "
-              f"{a['route_completion']:.2f}, progress {a['progress_m']:.0f} m, mean speed {a['mean_speed_mps']:.1f} m/s")
-    a = report["aggregate"]
-    print(f"overall ({a['episodes']} episodes): DS {a['driving_score']:.3f}, SR {a['success_rate']:.2f} "
-          f"(fractions in [0, 1]) -> {args.out}/index.html")
+    from driving.report import stdout_table
+
+    print(f"policy {report['policy']}, seeds {args.seed}..{args.seed + args.episodes - 1} "
+          f"(DS, SR, rates in %; summary.json holds them as fractions)")
+    print(stdout_table(report))
+    print(f"-> {args.out}/index.html, {args.out}/summary.json")
     return 0

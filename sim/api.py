@@ -31,14 +31,23 @@ Policies come in two shapes:
                        policies implement it natively (``worldmodels.bc.modeling_bc.BCPolicy``).
 ``PerEnvPolicies`` turns K per-env policies into a ``BatchedPolicy`` by looping over them (experts are
 cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
+
+A learned policy declares what it was built for in an ``expects`` attribute, a ``PolicySpec`` (the observation
+keys / shapes it reads and the action shape it returns; its factory fills it from the checkpoint's config).
+``sim.rollout`` compares it with the env's spaces before the first step and refuses a policy of another
+space in one line naming both shapes (``PolicySpec.check``). Policies that read whatever their env gives
+(scripted experts, random) declare nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from core.errors import CheckpointError
 
 INFO_SUCCESS = "success"
 INFO_EEF_DELTA = "eef_delta"
@@ -80,6 +89,73 @@ class BatchedPolicy(Protocol):
         Returns:
             (K, A) float32 actions in the env's action space, row ``i`` for env ``i``.
         """
+
+
+def _shape_text(shape: Sequence[int | None]) -> str:
+    """``(None, None, 3)`` -> ``"(?, ?, 3)"``, ``(7,)`` -> ``"(7,)"``."""
+    dims = ["?" if d is None else str(int(d)) for d in shape]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def _fits(want: Sequence[int | None], have: Sequence[int] | None) -> bool:
+    return have is not None and len(want) == len(have) and all(
+        w is None or w == h for w, h in zip(want, have, strict=True))
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The spaces a policy was built for: what its ``expects`` attribute holds (see the module docstring).
+
+    Attributes:
+        observation: Observation key -> shape the policy reads, ``None`` on an axis of any size (e.g. an
+            image the policy resizes: ``{"image": (None, None, 3), "proprio": (23,)}``). Keys it does not
+            read are left out; the env may give more.
+        action: Shape of the actions it returns, e.g. ``(7,)``.
+        source: What it was built from (a checkpoint path), named in the refusal.
+        made_for: The env id it was trained on, when known (named in the refusal).
+    """
+
+    observation: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
+    action: tuple[int, ...] | None = None
+    source: str = ""
+    made_for: str | None = None
+
+    def mismatches(self, observation_space: Any, action_space: Any) -> list[str]:
+        """One ``"what: policy SHAPE, env SHAPE"`` phrase per observation key or action that does not fit."""
+        spaces = getattr(observation_space, "spaces", None)
+        spaces = dict(spaces) if isinstance(spaces, Mapping) else {"obs": observation_space}
+        out = []
+        missing = [f"{key!r} {_shape_text(want)}" for key, want in self.observation.items() if key not in spaces]
+        if missing:
+            out.append(f"observation {', '.join(missing)}: policy reads {'it' if len(missing) == 1 else 'them'}, "
+                       f"env has no such key (its keys: {', '.join(sorted(spaces))})")
+        for key, want in self.observation.items():
+            if key in spaces and not _fits(want, getattr(spaces[key], "shape", None)):
+                out.append(f"observation {key!r}: policy {_shape_text(want)}, env {_shape_text(spaces[key].shape)}")
+        have = getattr(action_space, "shape", None)
+        if self.action is not None and not _fits(self.action, have):
+            out.append(f"action: policy {_shape_text(self.action)}, env "
+                       f"{_shape_text(have) if have is not None else type(action_space).__name__}")
+        return out
+
+    def check(self, observation_space: Any, action_space: Any, env_id: str | None = None) -> None:
+        """Refuse an env whose spaces this policy was not built for.
+
+        Raises:
+            CheckpointError: One line naming the policy, the env and, for each mismatch, both shapes.
+        """
+        bad = self.mismatches(observation_space, action_space)
+        if not bad:
+            return
+        who = f"policy {self.source}" if self.source else "the policy"
+        made = f" (made for {self.made_for})" if self.made_for and self.made_for != env_id else ""
+        raise CheckpointError(f"{who}{made} does not fit env {env_id or 'this env'}: {'; '.join(bad)}")
+
+
+def policy_expects(policy: Any) -> PolicySpec | None:
+    """The ``PolicySpec`` a policy declares in ``expects``, or None (scripted, random, undeclared)."""
+    spec = getattr(policy, "expects", None)
+    return spec if isinstance(spec, PolicySpec) else None
 
 
 def is_batched(policy: Any) -> bool:

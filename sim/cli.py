@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -130,9 +129,12 @@ def _describe(family: str, env_id: str) -> tuple[str, str, str]:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Roll out and record; prints the success-rate summary."""
+    from core.bootstrap import prepare_process
     from sim.recorder import record_rollout
     from sim.rollout import RolloutConfig
 
+    # a learned policy runs a model in the process that renders: torch + triton first (core.bootstrap)
+    prepare_process(learning_stack=args.policy not in ("scripted", "random"))
     env_kwargs = {}
     if args.image_size is not None:
         if args.image_size < 0:
@@ -144,6 +146,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
     if args.num_envs < 1:
         raise ConfigError(f"--num-envs: must be >= 1, got {args.num_envs}")
+    from sim.rollout import check_env_id, check_env_kwargs
+
+    check_env_id(args.env_id)
+    check_env_kwargs(args.env_id, env_kwargs)  # before anything builds the env (e.g. --camera for driving)
     config = RolloutConfig(
         env_id=args.env_id,
         episodes=args.episodes,
@@ -153,7 +159,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         noise=args.noise,
         vectorization=args.vectorization,
         env_kwargs=env_kwargs,
-        progress=sys.stderr.isatty(),
+        progress=True,  # episodes and steps on stderr (core.logging.progress: redrawn sparsely in a log)
     )
     from core.outputs import claim_output
 
@@ -196,8 +202,10 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
             raise ConfigError(f"make-dataset: no renderer for {args.kind!r} yet (sim/render/{args.kind}.py)") from None
         raise
     from core.outputs import claim_output
+    from sim.render.dataset_io import view_progress
 
-    with claim_output(args.out, command=f"sim make-dataset {args.kind}", overwrite=args.overwrite) as out:
+    with (claim_output(args.out, command=f"sim make-dataset {args.kind}", overwrite=args.overwrite) as out,
+          view_progress(args.n, f"make-dataset {args.kind}")):
         module.make_dataset(out, args.n, seed=args.seed, size=args.size, **extra)
     print(f"{args.kind}: {args.n} samples{' from ' + args.source if args.source else ''} -> {args.out}")
     return 0

@@ -42,8 +42,10 @@ from sim.api import (
     INFO_SUCCESS,
     BatchedPolicy,
     Policy,
+    PolicySpec,
     RandomPolicy,
     is_batched,
+    policy_expects,
 )
 
 PolicyFactory = Callable[[gym.Env], Policy | BatchedPolicy]
@@ -200,6 +202,10 @@ class PolicyHost(gym.Wrapper):
         self._policy = policy
         return None
 
+    def host_expects(self) -> PolicySpec | None:
+        """The per-env policy's declared ``PolicySpec`` (``sim.api.policy_expects``), or None."""
+        return policy_expects(self._policy)
+
     def host_act(self) -> np.ndarray:
         """The policy's action for the env's last observation / info."""
         if self._policy is None or self._last is None:
@@ -238,28 +244,45 @@ class HostedPolicies:
         return np.stack(self.envs.call("host_act"))
 
 
-def install_policy(envs: gym.vector.VectorEnv, factory: PolicyFactory) -> BatchedPolicy:
+def install_policy(envs: gym.vector.VectorEnv, factory: PolicyFactory, env_id: str | None = None) -> BatchedPolicy:
     """Build the policy of a ``make_vector_env`` env and return what acts for all its sub-envs.
 
     Each ``PolicyHost`` builds ``factory(env)``. Per-env policies stay in the hosts and a
     ``HostedPolicies`` is returned; a natively batched policy is returned itself (sub-env 0's instance;
-    under sync vectorisation the other sub-envs do not build one).
+    under sync vectorisation the other sub-envs do not build one). A policy that declares the spaces it
+    was built for (``expects``, a ``sim.api.PolicySpec``) is checked against the env's before any step.
 
     Raises:
+        CheckpointError: The policy was built for another observation or action space than the env's (one
+            line naming both shapes; ``env_id`` names the env).
         RuntimeError: The factory returned batched policies for some sub-envs and per-env ones for others.
     """
     if isinstance(envs, gym.vector.SyncVectorEnv):
         first = envs.envs[0].host_set_policy(factory)
         if first is not None:
+            check_policy_fits(policy_expects(first), envs, env_id)
             return first
         built = [first, *(e.host_set_policy(factory) for e in envs.envs[1:])]
     else:
         built = list(envs.call("host_set_policy", factory))
     if all(b is None for b in built):
+        specs = envs.call("host_expects")  # the per-env policies stay in the hosts (the workers under async)
+        check_policy_fits(next((s for s in specs if s is not None), None), envs, env_id)
         return HostedPolicies(envs)
     if any(b is None for b in built):
         raise RuntimeError("policy factory returned batched policies for some sub-envs and per-env ones for others")
+    check_policy_fits(policy_expects(built[0]), envs, env_id)
     return built[0]  # the hosts kept none: the other workers' copies are dropped here
+
+
+def check_policy_fits(spec: PolicySpec | None, envs: gym.vector.VectorEnv, env_id: str | None = None) -> None:
+    """``spec.check`` against one sub-env's observation / action space (nothing to check for None).
+
+    Raises:
+        CheckpointError: See ``sim.api.PolicySpec.check``.
+    """
+    if spec is not None:
+        spec.check(envs.single_observation_space, envs.single_action_space, env_id)
 
 
 def make_vector_env(
@@ -270,9 +293,12 @@ def make_vector_env(
     Raises:
         ConfigError: ``env_id`` is not registered (the message lists close matches).
     """
+    from core.logging import third_party_quiet
+
     check_env_id(env_id)
     kwargs = dict(env_kwargs or {})
-    fns = [functools.partial(_make_hosted, env_id, kwargs) for _ in range(num_envs)]
+    check_env_kwargs(env_id, kwargs)
+    fns = [functools.partial(_make_hosted, env_id, kwargs, third_party_quiet()) for _ in range(num_envs)]
     mode = gym.vector.AutoresetMode.DISABLED
     if vectorization == "async":
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
@@ -283,20 +309,89 @@ def check_env_id(env_id: str) -> None:
     """Register the ``sim`` families and check that ``env_id`` exists.
 
     Raises:
-        ConfigError: ``env_id`` is not registered (the message lists a few registered ids of its namespace).
+        ConfigError: ``env_id`` is not registered (the message names the closest registered ids, see
+            ``suggest_env_ids``).
     """
     import sim
 
     sim.register_envs()
     if env_id not in gym.registry:
-        family = env_id.split("/")[0] if "/" in env_id else ""
-        near = [k for k in gym.registry if family and k.startswith(family + "/")][:6]
-        raise ConfigError(f"env id {env_id!r} is not registered" + (f"; e.g. {', '.join(near)}" if near else ""))
+        near = suggest_env_ids(env_id, list(gym.registry))
+        parts = [f"env id {env_id!r} is not registered", numbered_env_ids(env_id, list(gym.registry)),
+                 f"did you mean {' or '.join(repr(k) for k in near)}?" if near else None,
+                 "`embodied sim list` lists them all"]
+        raise ConfigError("; ".join(p for p in parts if p))
 
 
-def _make_hosted(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+def numbered_env_ids(env_id: str, registered: Sequence[str]) -> str | None:
+    """``"embodied/Libero-spatial-N-v0 has N in 0..9"`` when ``env_id`` differs from a numbered family of
+    registered ``embodied/`` ids in one number only (an index out of range), else None."""
+    import re
+
+    from sim import NAMESPACE
+
+    name = env_id.split("/", 1)[-1]
+    groups = list(re.finditer(r"\d+", name))
+    for g in groups[:-1] if len(groups) > 1 else groups:  # the last number of a gym id is its version
+        pattern = re.compile(re.escape(name[: g.start()]) + r"(\d+)" + re.escape(name[g.end():]) + "$")
+        found = sorted(int(m.group(1)) for k in registered if k.startswith(f"{NAMESPACE}/")
+                       for m in [pattern.match(k.split("/", 1)[1])] if m)
+        if len(found) > 1:
+            span = f"{found[0]}..{found[-1]}" if found == list(range(found[0], found[-1] + 1)) else ", ".join(
+                map(str, found))
+            return f"{NAMESPACE}/{name[: g.start()]}N{name[g.end():]} has N in {span}"
+    return None
+
+
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
+    """Refuse ``gym.make`` options the registered env's constructor does not take (e.g. ``--camera`` for driving).
+
+    Raises:
+        ConfigError: One line naming the option and the ones the env takes.
+    """
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator
+
+    ep = gym.registry[env_id].entry_point
+    try:
+        params = inspect.signature(load_env_creator(ep) if isinstance(ep, str) else ep).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    registered = gym.registry[env_id].kwargs or {}
+    takes = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL and n not in registered]
+    for key in kwargs:
+        if key not in params:
+            raise ConfigError(f"env {env_id} takes no {key!r} option (its options: {', '.join(takes) or 'none'})")
+
+
+def suggest_env_ids(env_id: str, registered: Sequence[str], n: int = 3) -> list[str]:
+    """The registered ids closest to a mistyped ``env_id``, best first (the workspace's ``embodied/`` ones).
+
+    The id with the same name under the ``embodied/`` namespace comes alone when it exists
+    (``Reach-Panda-v0`` -> ``embodied/Reach-Panda-v0``); else up to ``n`` ids whose names are close
+    (``difflib``), compared without the namespace so a missing or wrong prefix does not count.
+    """
+    import difflib
+
+    from sim import NAMESPACE
+
+    name = env_id.split("/", 1)[-1]
+    ours = {k.split("/", 1)[1]: k for k in registered if k.startswith(f"{NAMESPACE}/")}
+    if name in ours:
+        return [ours[name]]
+    return [ours[m] for m in difflib.get_close_matches(name, list(ours), n=n, cutoff=0.6)]
+
+
+def _make_hosted(env_id: str, kwargs: dict[str, Any], quiet: bool = False) -> gym.Env:
     import sim
 
+    if quiet:  # a spawned worker starts with the libraries' own console chatter: turn it down as its parent did
+        from core.logging import quiet_third_party
+
+        quiet_third_party()
     sim.register_envs()
     return PolicyHost(gym.make(env_id, **kwargs))
 
@@ -396,7 +491,7 @@ def rollout(
         Episodes sorted by index, and a summary: ``episodes``, ``success_rate``, ``mean_return``,
         ``mean_length``, ``failures`` (count), ``failure_reasons``, ``steps``, ``steps_per_s``, ``wall_s``.
     """
-    from tqdm.auto import tqdm
+    from core.logging import progress
 
     factory = policy or policy_factory(config.policy, config.noise)
     envs = make_vector_env(config.env_id, config.num_envs, config.vectorization, config.env_kwargs)
@@ -405,7 +500,7 @@ def rollout(
     steps = 0
     start = time.perf_counter()
     try:
-        actor = install_policy(envs, factory)
+        actor = install_policy(envs, factory, config.env_id)
         # slot i runs episode slot_ep[i]; episodes past n keep idle slots alive with unused seeds
         slot_ep = list(range(k))
         seeds = [config.seed + j for j in slot_ep]
@@ -419,7 +514,7 @@ def rollout(
             for i, (j, s) in enumerate(zip(slot_ep, seeds, strict=True))
         ]
         next_ep = k
-        bar = tqdm(total=n, desc=config.env_id, unit="ep", disable=not config.progress, leave=False)
+        bar = progress(total=n, desc=config.env_id, unit="ep", enabled=config.progress)
         while len(episodes) < n:
             actions = np.asarray(actor.act_batch(cur_obs, cur_infos), dtype=np.float32)
             if actions.ndim != 2 or actions.shape[0] != k:
@@ -428,6 +523,7 @@ def rollout(
             obs, rewards, terms, truncs, infos = envs.step(actions)
             cur_obs, cur_infos = _as_dict(obs), [_split_info(infos, i) for i in range(k)]
             steps += sum(b is not None for b in bufs)
+            _show_steps(bar, steps, episodes)
             done_slots = []
             for i, buf in enumerate(bufs):
                 cap = (
@@ -444,7 +540,6 @@ def rollout(
                     ep = buf.finish()
                     episodes.append(ep)
                     bar.update(1)
-                    bar.set_postfix(success=f"{np.mean([e.solved for e in episodes]):.2f}")
                     if on_episode is not None:
                         on_episode(ep)
             if done_slots and len(episodes) < n:
@@ -468,6 +563,21 @@ def rollout(
     wall = time.perf_counter() - start
     episodes.sort(key=lambda e: e.index)
     return RolloutResult(episodes, summarize(episodes, wall_s=wall, steps=steps))
+
+
+def _show_steps(bar: Any, steps: int, episodes: Sequence[Episode]) -> None:
+    """Steps so far (and the success rate of the finished episodes) after the bar, redrawn at the bar's pace.
+
+    A long episode (a LIBERO task runs hundreds of steps) thus shows progress before it ends.
+    """
+    if bar.disable:
+        return
+    text = f"{steps} steps" + (f", success {np.mean([e.solved for e in episodes]):.2f}" if episodes else "")
+    bar.set_postfix_str(text, refresh=False)
+    now = time.time()
+    if now - bar.last_print_t >= bar.mininterval:
+        bar.refresh()
+        bar.last_print_t = now
 
 
 def summarize(episodes: Sequence[Episode], wall_s: float | None = None, steps: int | None = None) -> dict[str, Any]:

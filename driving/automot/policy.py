@@ -48,6 +48,7 @@ class AutoMoTPolicy:
         self.scenario = getattr(inner, "scenario", "highway")
         self.controller = WaypointController(dt=1.0 / float(getattr(inner, "policy_frequency", 5)))
         self.names = list(self.mot.cfg.meta_action_names)
+        self.expects = _expects(checkpoint)
         self.reset(seed)
 
     def reset(self, seed: int | None = None) -> None:
@@ -85,6 +86,17 @@ class AutoMoTPolicy:
 
     def overlay(self) -> dict[str, Any] | None:
         return self._overlay
+
+
+def _expects(checkpoint: str | Path):
+    """The driving env's spaces the policy reads (``sim.api.PolicySpec``; ``sim.rollout`` checks them)."""
+    from sim.api import PolicySpec
+    from sim.driving.env import ACTION_DIM, EGO_STATE_FIELDS
+    from sim.driving.render import BEV_CHANNELS
+
+    obs = {"image": (None, None, 3), "bev": (len(BEV_CHANNELS), None, None), "ego_state": (len(EGO_STATE_FIELDS),),
+           "route": (None, 2)}
+    return PolicySpec(obs, (ACTION_DIM,), source=str(checkpoint))
 
 
 def _checkpoint(name: str, checkpoint: str | Path | None) -> Path:

@@ -15,6 +15,9 @@ Files are written by the shared data layer (``core.data.images.write_dense_sampl
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 
 from core.errors import ConfigError
@@ -90,3 +93,30 @@ def check_source(root, wanted: str, key: str, field: str = "source", default: st
     if found != wanted:
         raise DataError(Path(root) / "meta.json", f"rendered with {field} {found!r} but {key} is {wanted!r}: "
                         "point data.root at another folder or remove this one")
+
+
+_bar = None  # the progress bar of the dataset being made in this process (``view_progress``), if any
+
+
+@contextlib.contextmanager
+def view_progress(total: int, desc: str) -> Iterator[None]:
+    """A per-view progress bar on stderr (``core.logging.progress``) while a renderer writes ``total`` views.
+
+    Every renderer calls ``view_done()`` once per written view; outside this context that is a no-op, so
+    ``make_dataset`` called from code shows nothing.
+    """
+    global _bar
+    from core.logging import progress
+
+    _bar = progress(total=total, desc=desc, unit="view")
+    try:
+        yield
+    finally:
+        _bar.close()
+        _bar = None
+
+
+def view_done() -> None:
+    """One more view written (advances ``view_progress``'s bar when one is open)."""
+    if _bar is not None:
+        _bar.update(1)

@@ -767,6 +767,7 @@ def make_dataset(
                 semantic=view["semantic"],
             )
             counts[split] += 1
+            dataset_io.view_done()
             cameras[split][sid] = {
                 "cam_to_world": scene.camera.cam_to_world().round(9).tolist(),
                 "objects": [o.kind for o in scene.objects],

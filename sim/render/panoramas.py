@@ -567,6 +567,7 @@ def make_dataset(
         pano = render_panorama(room, origin, height, yaw, spp)
         write_dense_sample(out, split, sid, rgb=pano["rgb"], depth=pano["depth"], semantic=pano["semantic"])
         counts[split] += 1
+        dataset_io.view_done()
         cameras[split][sid] = {
             "origin": origin.round(9).tolist(),
             "yaw": round(yaw, 9),

@@ -601,6 +601,7 @@ def make_dataset(
                 out, split, sid, rgb=pano["rgb"], depth=pano["depth"], semantic=pano["semantic"]
             )
             counts[split] += 1
+            dataset_io.view_done()
             cameras[split][sid] = {
                 "scene": scene_name,
                 "reset_seed": reset_seed,

@@ -251,6 +251,7 @@ def make_dataset(
         with atomic_path(out / split / "qpos" / f"{sid}.npy") as tmp, open(tmp, "wb") as f:
             np.save(f, qpos)
         counts[split] += 1
+        dataset_io.view_done()
         clips[f"{split}/{sid}"] = {
             "split": split,
             "id": sid,

@@ -130,6 +130,34 @@ def test_policy_that_cannot_be_built_fails_the_run_in_one_line(tmp_path, capsys)
     assert not out.exists()
 
 
+class _ManipulationPolicy:
+    """Declares the spaces of a manipulation policy (``expects``); acting would fail the test."""
+
+    def __init__(self, env):
+        from sim.api import PolicySpec
+
+        self.expects = PolicySpec({"image": (None, None, 3), "wrist_image": (None, None, 3)}, (7,), source="arm")
+
+    def reset(self, seed=None):
+        pass
+
+    def act(self, obs, info):
+        raise AssertionError("acted before its spaces were checked")
+
+
+def test_policy_of_other_spaces_is_refused_before_driving(tmp_path):
+    """The guard around a driving policy passes its ``expects`` on, so ``sim.rollout`` checks it (issue 33)."""
+    from core.errors import CheckpointError
+
+    with pytest.raises(CheckpointError) as e:
+        evaluate_policy(_ManipulationPolicy, "highway", episodes=1, out=tmp_path / "run", video=False)
+    assert str(e.value) == (
+        "policy arm does not fit env embodied/Drive-Highway-v0: observation 'wrist_image' (?, ?, 3): policy reads "
+        "it, env has no such key (its keys: agents, bev, ego_state, image, proprio, route); "
+        "action: policy (7,), env (2,)")
+    assert not list((tmp_path / "run").rglob("*.hdf5")) and not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_scenario_all_writes_every_file(tmp_path):
     out = tmp_path / "all"
     assert main(["drive", "eval", "--policy", "_test_crashy", "--policy-arg", "fail_step=1000", "--scenario",

@@ -141,15 +141,19 @@ def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def load_policy(checkpoint: str | Path, env: Any):
     """``core.registry.POLICIES`` entry: a ``BCPolicy`` for ``env`` from a checkpoint directory."""
+    from sim.api import PolicySpec
     from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
 
     model = BCPolicyModel.from_pretrained(checkpoint)
+    c = model.config
     space = env.action_space
-    if space.shape != (model.config.action_dim,):
-        from core.errors import CheckpointError
-
-        raise CheckpointError(f"{model.loaded_from['path']}: policy outputs {model.config.action_dim}-d actions, the env takes {space.shape}")
-    return BCPolicy(model, space.low, space.high)
+    policy = BCPolicy(model, space.low, space.high)
+    # what the weights were built for; sim.rollout refuses an env of other spaces before the first step
+    observation = {c.image_key: (None, None, 3), **({c.proprio_key: (c.proprio_dim,)} if c.proprio_dim else {})}
+    policy.expects = PolicySpec(observation, (c.action_dim,), source=model.loaded_from["path"],
+                                made_for=(model.loaded_from["config"].get("env") or {}).get("id"))
+    policy.expects.check(env.observation_space, space, env.spec.id if env.spec else None)
+    return policy
 
 
 def evaluate(cfg) -> dict[str, Any]:

@@ -154,12 +154,16 @@ def load_planner_policy(checkpoint, env, select: str = "model", num_candidates: 
         enc = model.action_encoder(emb)
     except KeyError as e:
         raise CheckpointError(f"{checkpoint}: {e.args[0]}") from None
-    need = enc.in_dim // model.config.frame_skip
-    if env.action_space.shape != (need,):
-        raise CheckpointError(f"{checkpoint}: world model takes {need}-d actions, the env has {env.action_space.shape}")
+    from sim.api import PolicySpec
+
+    # what it was built for: sim.rollout refuses an env of other spaces (both shapes named) before a step
+    expects = PolicySpec({"image": (None, None, 3)}, (enc.in_dim // model.config.frame_skip,), source=str(checkpoint))
+    expects.check(env.observation_space, env.action_space, env.spec.id if env.spec else None)  # before the goal env
     size = env.observation_space["image"].shape[0]
     goal = ExpertGoal(env.spec.id, size, camera=getattr(env.unwrapped, "camera", None))
-    return CandidateSelectionPlanner(model, emb, env, goal, num_candidates, horizon, select=select)
+    policy = CandidateSelectionPlanner(model, emb, env, goal, num_candidates, horizon, select=select)
+    policy.expects = expects
+    return policy
 
 
 def planning_eval(checkpoint, env_id: str, episodes: int = 4, seed: int = 2000, image_size: int = 48,
