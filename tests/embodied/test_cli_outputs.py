@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ ROLLOUT = ["sim", "rollout", "embodied/Reach-Panda-v0", "--policy", "scripted", 
 def _one_line_error(capsys) -> str:
     """The command's own error: exactly one line (library warnings a simulator logs may precede it)."""
     err = capsys.readouterr().err
-    ours = [ln for ln in err.splitlines() if ln.startswith("embodied")]
+    ours = [ln for ln in err.splitlines() if re.match(r"embodied[\w -]*: error: ", ln)]  # not a progress bar
     assert len(ours) == 1 and "Traceback" not in err, err
     return ours[0]
 
