@@ -312,11 +312,28 @@ def _store_schemas() -> None:
     for (group, name), node in _SCHEMAS.items():
         if (group, name) in _registered_in_store:
             continue
+        node = _open_mappings(OmegaConf.structured(node))
         if group is None:
             cs.store(name=name, node=node)
         else:
             cs.store(group=group, name=name, node=node)
         _registered_in_store.add((group, name))
+
+
+def _open_mappings(node: DictConfig) -> DictConfig:
+    """Let every ``dict[str, X]`` field of a schema take new keys without Hydra's ``+`` (in place; returns it).
+
+    Such a field's keys are data, not schema (constructor kwargs, per-group values): ``model.dino_kwargs.depth=4``
+    adds a key. Its values keep their declared type, and the dataclass fields around it stay strict.
+    """
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            if child._metadata.object_type is dict:
+                child._set_flag("struct", False)
+            else:
+                _open_mappings(child)
+    return node
 
 
 def _import_config_modules() -> None:
@@ -380,12 +397,80 @@ def compose(
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     except Exception as e:  # Hydra wraps OmegaConf errors in several exception types
-        raise ConfigError(_explain(e, overrides)) from None
+        message = _explain(e, overrides)
+    else:
+        message = None
     finally:
         GlobalHydra.instance().clear()
+    if message is not None:
+        raise ConfigError(_with_dotted_hint(message, overrides, config_name, config_dir)) from None
+    resolve_asset_paths(cfg)
     if validate:
         check(cfg)
     return cfg
+
+
+def resolve_asset_paths(node: Any) -> None:
+    """Rewrite, in place, every string value ``assets/...`` by the asset rule of ``core.resources``.
+
+    Interpolations and missing values (``???``) are left as they are.
+    """
+    from omegaconf import ListConfig
+
+    from core.resources import resolve_asset_path
+
+    if not isinstance(node, (DictConfig, ListConfig)) or node._is_missing() or node._is_none():
+        return
+    keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+    for key in keys:
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            resolve_asset_paths(child)
+        elif child is not None and not child._is_missing() and not child._is_interpolation():
+            value = child._value()
+            if isinstance(value, str) and resolve_asset_path(value) != value:
+                node[key] = resolve_asset_path(value)
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key of a composed config as a dotted path (``trainer.optim.lr``), interpolations unresolved."""
+    if not isinstance(node, DictConfig) or node._is_missing() or node._is_none():
+        return []
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        out += _dotted_keys(node._get_node(key), path + ".")
+    return out
+
+
+def _suggest_dotted(bad: str, keys: Sequence[str]) -> str:
+    """``; did you mean trainer.max_steps?`` for ``max_steps``: the keys whose last part is (close to) ``bad``'s."""
+    leaf = bad.split(".")[-1]
+    same = [k for k in keys if k.split(".")[-1] == leaf and k != bad]
+    if not same:
+        close = set(difflib.get_close_matches(leaf, {k.split(".")[-1] for k in keys}, n=3, cutoff=0.8))
+        same = [k for k in keys if k.split(".")[-1] in close and k != bad]
+    return f"; did you mean {', '.join(same[:3])}?" if same else ""
+
+
+def _with_dotted_hint(message: str, overrides: Sequence[str], config_name: str, config_dir: Path) -> str:
+    """An unknown-key message without a close match gains the dotted keys elsewhere in the config that match.
+
+    The config is composed again without the bad override to find them (only on this error path).
+    """
+    m = re.match(r"unknown config key '([^' ]+)'", message)
+    if m is None or "did you mean" in message:
+        return message
+    bad = m.group(1)
+    rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != bad]
+    if len(rest) == len(overrides):
+        return message
+    try:
+        cfg = compose(rest, config_name=config_name, config_dir=config_dir, validate=False)
+    except ConfigError:
+        return message
+    return message + _suggest_dotted(bad, _dotted_keys(cfg))
 
 
 def check(cfg: DictConfig) -> None:
@@ -394,7 +479,7 @@ def check(cfg: DictConfig) -> None:
     for key in cfg:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = f"; did you mean {', '.join(close)}?" if close else _suggest_dotted(str(key), _dotted_keys(cfg))
             raise ConfigError(f"unknown top-level config key {key!r}{hint}")
     try:
         OmegaConf.resolve(cfg)

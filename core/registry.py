@@ -193,6 +193,9 @@ class MethodSpec:
     #: "module:function" (workdir: Path) -> ``core.testing.ModelExample``: a tiny model of the method and a
     #: fixed input, which the contract test (tests/test_model_contract.py) checks for every registered method.
     example: str | None = None
+    #: The headline metrics ``embodied eval`` prints: (pattern over the result's flattened keys, unit, display
+    #: scale), e.g. ``("policies.*.success_rate", "%", 100)``; empty: the result's first numbers (embodied.results).
+    headline: tuple[tuple[str, str, float], ...] = ()
 
     def arm_overrides(self, arm: str) -> tuple[str, ...]:
         """The overrides that select ``arm`` (a one-line ``ConfigError`` naming the known arms otherwise)."""
@@ -206,7 +209,8 @@ class MethodSpec:
 def register_method(name: str, *, folder: str, description: str, task: str, config: str | Sequence[str] = (),
                     model: str | None = None, policy: str | None = None, demo: str | None = None,
                     infer: Sequence[InferSpec] = (), flags: Sequence[Flag] = (),
-                    arms: dict[str, Sequence[str]] | None = None, example: str | None = None) -> MethodSpec:
+                    arms: dict[str, Sequence[str]] | None = None, example: str | None = None,
+                    headline: Sequence[str | tuple] = ()) -> MethodSpec:
     """Register a method's train / eval tasks, config modules, model class, policy, demo and infer commands.
 
     Everything is given as lazy ``"module:attr"`` strings: registering imports nothing heavy.
@@ -215,7 +219,8 @@ def register_method(name: str, *, folder: str, description: str, task: str, conf
     spec = MethodSpec(name=name, folder=folder, description=description, task=task,
                       config=(config,) if isinstance(config, str) else tuple(config), model=model, policy=policy,
                       demo=demo, infer=tuple(infer), flags=tuple(flags),
-                      arms=tuple((k, tuple(v)) for k, v in (arms or {}).items()), example=example)
+                      arms=tuple((k, tuple(v)) for k, v in (arms or {}).items()), example=example,
+                      headline=tuple(_headline_entry(name, h) for h in headline))
     METHODS.register(name, task, overwrite=True, spec=spec, folder=folder, description=description)
     if model:
         MODELS.register(name, model, overwrite=True)
@@ -226,6 +231,14 @@ def register_method(name: str, *, folder: str, description: str, task: str, conf
     for inf in spec.infer:
         INFER.register(inf.kind, inf.target, overwrite=True, spec=inf, method=name)
     return spec
+
+
+def _headline_entry(method: str, entry: str | tuple) -> tuple[str, str, float]:
+    """``"key"`` / ``(key, unit)`` / ``(key, unit, scale)`` as ``(key, unit, scale)``; anything else is an error."""
+    entry = (entry,) if isinstance(entry, str) else tuple(entry)
+    if not 1 <= len(entry) <= 3 or not isinstance(entry[0], str):
+        raise ConfigError(f"method {method!r}: headline entry {entry!r} is not (key, unit[, scale])")
+    return (entry[0], str(entry[1]) if len(entry) > 1 else "", float(entry[2]) if len(entry) > 2 else 1.0)
 
 
 def method_specs() -> list[MethodSpec]:

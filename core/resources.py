@@ -8,6 +8,14 @@ The rule (``resource_dir(name)`` for ``name`` in ``configs`` / ``assets``):
    ``setup.py`` (the same files, so a non-editable install runs every command from any directory).
 
 Anything else is a one-line ``ConfigError``.
+
+Paths to shipped assets in configs (YAML values, command-line overrides and schema defaults alike) are written
+``assets/<path>``, e.g. ``model.base_path: assets/checkpoints/flexforcing``. ``resolve_asset_path`` reads such a
+value by one rule: relative to the working directory when it exists there (the repository root, or a user's
+own ``assets/`` folder), else the shipped asset ``asset(<path>)`` found as above. ``core.config.compose``
+applies it to every string value of a composed config, so the commands run from any working directory and the
+saved run config records the absolute path that was used. Other relative paths (``outputs/...``, data roots)
+stay relative to the working directory.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from pathlib import Path
 from core.errors import ConfigError
 
 NAMES = ("configs", "assets")
+ASSET_PREFIX = "assets/"
 _PROJECT = 'name = "embodied-workspace"'
 
 
@@ -46,3 +55,18 @@ def resource_dir(name: str) -> Path:
 def asset(*parts: str) -> Path:
     """A path under the shipped assets, e.g. ``asset("checkpoints", "sola")``."""
     return resource_dir("assets").joinpath(*parts)
+
+
+def resolve_asset_path(value: str) -> str:
+    """``value`` by the asset rule of the module docstring.
+
+    An ``assets/...`` path missing from the working directory becomes the shipped asset's absolute path (when
+    that exists); any other value is returned unchanged.
+    """
+    if not isinstance(value, str) or not value.startswith(ASSET_PREFIX) or Path(value).exists():
+        return value
+    rest = value[len(ASSET_PREFIX):].strip("/")
+    if not rest:
+        return value
+    shipped = asset(*Path(rest).parts)
+    return str(shipped) if shipped.exists() else value

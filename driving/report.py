@@ -1,7 +1,8 @@
 """Reports of a closed-loop driving run: the markdown table, the self-contained HTML page and video overlays.
 
 ``write_reports(out, report)`` writes ``summary.md`` (scenario x DS, SR, collision / off-road / timeout /
-failure rates, progress, route completion, comfort, jerk, lateral acceleration, mean speed) and
+failure rates, progress, route completion, comfort, jerk, lateral acceleration, mean speed; scores and rates
+in %, see ``PERCENT``) and
 ``index.html`` (that table, the per-episode rows of every scenario, and ``<video>`` tags of the recorded
 episodes with paths relative to the run folder, so the folder can be moved or served as is).
 
@@ -23,22 +24,30 @@ import numpy as np
 
 from core.io import write_text
 
-# (column title, aggregate key, format)
-SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("episodes", "episodes", "{:d}"),
-    ("DS", "driving_score", "{:.3f}"),
-    ("SR", "success_rate", "{:.2f}"),
-    ("collision", "collision_rate", "{:.2f}"),
-    ("off-road", "offroad_rate", "{:.2f}"),
-    ("timeout", "timeout_rate", "{:.2f}"),
-    ("failed", "failure_rate", "{:.2f}"),
-    ("progress m", "progress_m", "{:.1f}"),
-    ("route compl.", "route_completion", "{:.3f}"),
-    ("comfort", "comfort_rate", "{:.2f}"),
-    ("|jerk| m/s3", "mean_abs_jerk_mps3", "{:.2f}"),
-    ("|lat acc| m/s2", "mean_abs_lat_acc_mps2", "{:.2f}"),
-    ("speed m/s", "mean_speed_mps", "{:.1f}"),
+# Units: the driving score, the success rate, route completion and the episode rates are shown in % wherever
+# a person reads them (this table, summary.md, index.html, `embodied drive eval` / `embodied eval automot`
+# output and the READMEs), as Bench2Drive reports them; the JSON records (summary.json, metrics.json,
+# episodes.jsonl, eval.json) keep them as fractions in [0, 1] under the same keys. PERCENT scales one to the other.
+PERCENT = 100.0
+# (column title, aggregate key, format, display scale)
+SUMMARY_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
+    ("episodes", "episodes", "{:d}", 1),
+    ("DS %", "driving_score", "{:.1f}", PERCENT),
+    ("SR %", "success_rate", "{:.0f}", PERCENT),
+    ("collision %", "collision_rate", "{:.0f}", PERCENT),
+    ("off-road %", "offroad_rate", "{:.0f}", PERCENT),
+    ("timeout %", "timeout_rate", "{:.0f}", PERCENT),
+    ("failed %", "failure_rate", "{:.0f}", PERCENT),
+    ("progress m", "progress_m", "{:.1f}", 1),
+    ("route compl. %", "route_completion", "{:.1f}", PERCENT),
+    ("comfort %", "comfort_rate", "{:.0f}", PERCENT),
+    ("|jerk| m/s3", "mean_abs_jerk_mps3", "{:.2f}", 1),
+    ("|lat acc| m/s2", "mean_abs_lat_acc_mps2", "{:.2f}", 1),
+    ("speed m/s", "mean_speed_mps", "{:.1f}", 1),
 )
+#: The columns ``embodied drive eval`` prints (the rest are in summary.md / index.html).
+STDOUT_COLUMNS = ("episodes", "DS %", "SR %", "collision %", "off-road %", "timeout %", "failed %",
+                  "route compl. %", "progress m", "speed m/s")
 EPISODE_COLUMNS: tuple[str, ...] = (
     "episode", "seed", "driving_score", "success", "route_completion", "progress_m", "collisions_vehicle",
     "collisions_static", "offroad_events", "timed_out", "mean_speed_mps", "max_abs_jerk_mps3",
@@ -46,9 +55,9 @@ EPISODE_COLUMNS: tuple[str, ...] = (
 )
 
 
-def _fmt(fmt: str, value: Any) -> str:
+def _fmt(fmt: str, value: Any, scale: float = 1) -> str:
     try:
-        return fmt.format(value)
+        return fmt.format(value * scale if scale != 1 else value)
     except (ValueError, TypeError):
         return str(value)
 
@@ -58,15 +67,26 @@ def summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     scenarios = report["scenarios"]
     for name, sc in scenarios.items():
-        rows.append([name] + [_fmt(f, sc["aggregate"][k]) for _, k, f in SUMMARY_COLUMNS])
+        rows.append([name] + [_fmt(f, sc["aggregate"][k], x) for _, k, f, x in SUMMARY_COLUMNS])
     if len(scenarios) > 1:
-        rows.append(["overall"] + [_fmt(f, report["aggregate"][k]) for _, k, f in SUMMARY_COLUMNS])
+        rows.append(["overall"] + [_fmt(f, report["aggregate"][k], x) for _, k, f, x in SUMMARY_COLUMNS])
     return rows
+
+
+def stdout_table(report: Mapping[str, Any]) -> str:
+    """The aligned plain-text table ``embodied drive eval`` prints: scenario x ``STDOUT_COLUMNS``."""
+    titles = ["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS]
+    keep = [0] + [i for i, t in enumerate(titles) if t in STDOUT_COLUMNS]
+    table = [[titles[i] for i in keep]] + [[r[i] for i in keep] for r in summary_rows(report)]
+    width = [max(len(row[j]) for row in table) for j in range(len(keep))]
+    lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, width, strict=True)))
+             for row in table]
+    return "\n".join([lines[0], "  ".join("-" * w for w in width), *lines[1:]])
 
 
 def markdown_summary(report: Mapping[str, Any]) -> str:
     """``summary.md``: a title line and the scenario x metrics table."""
-    head = ["scenario"] + [c for c, _, _ in SUMMARY_COLUMNS]
+    head = ["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS]
     lines = [
         f"# Closed-loop driving: policy `{report['policy']}`",
         "",
@@ -74,7 +94,7 @@ def markdown_summary(report: Mapping[str, Any]) -> str:
         f"scenario); policy args: {report.get('policy_args') or '{}'}.",
         "DS = mean(route completion x infraction penalties), SR = share of episodes completed with no "
         "infraction; rates are shares of episodes; failed = the policy raised / returned an invalid action "
-        "(scored 0).",
+        "(scored 0). DS, SR, route completion and the rates in % (summary.json: the same as fractions).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
@@ -109,14 +129,15 @@ def html_page(report: Mapping[str, Any]) -> str:
              f"<p>Seeds {report['seed']}..{report['seed'] + report['n_episodes'] - 1} (episode j uses seed + j in every "
              f"scenario); policy args: <code>{html.escape(str(report.get('policy_args') or {}))}</code>. "
              "DS = mean(route completion x infraction penalties: vehicle 0.6, static 0.65, off-road 0.7, "
-             "timeout 0.7); SR = share completed with no infraction; failed episodes score 0.</p>",
-             _html_table(["scenario"] + [c for c, _, _ in SUMMARY_COLUMNS], summary_rows(report))]
+             "timeout 0.7); SR = share completed with no infraction; failed episodes score 0. DS, SR, route "
+             "completion and the rates in % (summary.json: the same as fractions in [0, 1]).</p>",
+             _html_table(["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS], summary_rows(report))]
     for name, sc in report["scenarios"].items():
         parts.append(f"<h2>{html.escape(name)} <small>({html.escape(sc['env_id'])})</small></h2>")
         rows = [[_cell(r.get(c)) for c in EPISODE_COLUMNS] for r in sc["episodes"]]
         parts.append(_html_table(EPISODE_COLUMNS, rows))
         for v in sc.get("videos", []):
-            cap = f"{name} episode {v['episode']} (seed {v['seed']}), DS {v['driving_score']:.2f}"
+            cap = f"{name} episode {v['episode']} (seed {v['seed']}), DS {PERCENT * v['driving_score']:.1f} %"
             if v.get("failure"):
                 cap += f" — failed: {v['failure']}"
             parts.append(f'<figure><video src="{html.escape(v["path"])}" width="384" controls loop muted '

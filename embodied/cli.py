@@ -2,6 +2,7 @@
 
 Every sub-command explains itself with ``--help``, shows a progress bar for long work, writes results
 atomically, and answers bad input with one line on stderr and a non-zero exit:
+    1  a batch command (infer over several inputs) skipped some inputs; the others are written
     2  bad input (missing / corrupt file, unknown config key, bad argument)
     130 interrupted
 
@@ -53,9 +54,11 @@ def _add_infer(sub) -> None:
                                                           "(default: the one shipped in assets/)")
         for name, kw in arguments:
             k.add_argument(name, **kw)
-        if any(name == "--out" for name, _ in arguments):
+        out_kw = next((kw for name, kw in arguments if name == "--out"), None)
+        if out_kw is not None:
+            what = "file" if "." in str(out_kw.get("metavar", "")) else "folder"  # FILE.mp4 vs DIR
             k.add_argument("--overwrite", action="store_true",
-                           help="replace an existing --out folder (on success)")
+                           help=f"replace an existing --out {what} (on success)")
         rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")),
                     None)
         k.set_defaults(func=_cmd_infer, rest_dest=rest)
@@ -67,15 +70,25 @@ def _cmd_infer(args) -> int:
     fn = INFER.get(args.kind)
     if getattr(args, "out", None) is None or str(args.out).endswith(".mp4"):
         return fn(args)
-    from core.outputs import claim_output
+    from core.outputs import claim_output, flush_announced
 
-    # the method writes into the claimed (staged) folder; it names files by the folder the user gave
-    args.out_display = Path(args.out)
-    with claim_output(args.out, command=f"infer {args.kind}", overwrite=args.overwrite) as out:
-        args.out = str(out)
-        code = fn(args)
-        if code:
-            raise EmbodiedError(f"infer {args.kind} failed (exit {code}); nothing was written")
+    class NothingWritten(Exception):
+        pass
+
+    # The method writes into the claimed (staged) folder and names files by the folder the user gave; the lines
+    # naming outputs (core.outputs.announce) are printed once that folder is in place. Exit 1 = some inputs
+    # were skipped (each with its error line): the others' outputs are kept; none ran: nothing is written.
+    args.out_display, args.announce = Path(args.out), []
+    try:
+        with claim_output(args.out, command=f"infer {args.kind}", overwrite=args.overwrite) as out:
+            args.out = str(out)
+            code = fn(args)
+            if code and not any(out.iterdir()):
+                raise NothingWritten
+    except NothingWritten:
+        print(f"embodied: infer {args.kind}: no input could be processed; nothing was written", file=sys.stderr)
+        return code
+    flush_announced(args.announce)
     return code
 
 
@@ -220,11 +233,7 @@ def _cmd_task(args) -> int:
 
     prepare_process()
     if args.command == "eval":
-        from core.outputs import lock_folder
-
-        with lock_folder(cfg.out_dir):  # not while another process trains or evaluates in the folder
-            print(f"evaluated {args.method}: {module.evaluate(cfg)}")
-        return 0
+        return _run_eval(args, module, cfg)
     import contextlib
     import os
 
@@ -246,6 +255,56 @@ def _cmd_task(args) -> int:
         result = module.train(cfg)
     print(f"trained {args.method}: {result}")
     return 0
+
+
+def _run_eval(args, module, cfg) -> int:
+    """Evaluate, then print the method's headline metrics as a table (the full JSON is where the method wrote it).
+
+    A missing checkpoint in the run folder (no ``eval.checkpoint`` given) names the command that makes it.
+    """
+    import time
+
+    from core.errors import CheckpointError, DataError
+    from core.outputs import lock_folder, run_marker
+    from core.registry import METHODS
+    from embodied.results import eval_report, result_file
+
+    start = time.time() - 1.0  # file times are coarse on some file systems
+    out = Path(cfg.out_dir)
+    if cfg.eval.checkpoint is None and not (out.is_dir() and any(out.iterdir())):  # before any data is made
+        raise CheckpointError(f"{cfg.out_dir}: no such checkpoint; `{train_command(args)}` makes it, or set "
+                              "eval.checkpoint=PATH")
+    try:
+        with lock_folder(cfg.out_dir):  # not while another process trains or evaluates in the folder
+            result = module.evaluate(cfg)
+    except (CheckpointError, DataError) as e:
+        marker = run_marker(cfg.out_dir) or {}
+        trained = str(marker.get("command", "")).startswith("train")
+        if cfg.eval.checkpoint is None and marker.get("status") != "finished" and "embodied train" not in str(e):
+            verb = f"resumes its training ({marker.get('status')})" if trained else "makes it"
+            raise CheckpointError(f"{e}; `{train_command(args)}` {verb}, or set eval.checkpoint=PATH") from None
+        raise
+    spec = METHODS.meta(args.method)["spec"]
+    print(eval_report(args.method, result, spec.headline, result_file(cfg.out_dir, start)))
+    return 0
+
+
+def train_command(args) -> str:
+    """The ``embodied train`` command that makes the run ``embodied eval`` was given.
+
+    The same arm, train flags and overrides; eval-only flags and the ``eval.*`` overrides are left out.
+    """
+    import shlex
+
+    from core.registry import METHODS
+
+    parts = ["embodied", "train", args.method, *(["--arm", args.arm] if args.arm else [])]
+    for flag in METHODS.meta(args.method)["spec"].flags:  # an eval-only flag (SoLA's --rotate) is not repeated
+        value = getattr(args, _flag_dest(flag.name), None)
+        if value is not None and "train" in flag.verbs:
+            parts += [flag.name, str(value)]
+    parts += [o for o in args.overrides if not o.lstrip("+~").startswith("eval.")]
+    return shlex.join(parts)
 
 
 # Keys that may change between the runs of one training folder without making it another run.
@@ -293,7 +352,8 @@ def _cmd_methods(args) -> int:
     from embodied.methods import status
 
     rows = status()
-    w = max((len(r["name"]) for r in rows), default=0)
+    w = max((len(r["name"]) for r in [{"name": "method"}, *rows]), default=0)
+    print(f"{'method':<{w}}  {'folder':<22}  description (then its arms: `--arm NAME`, the first is the method)")
     for r in rows:
         print(f"{r['name']:<{w}}  {r['folder']:<22}  {r['description']}")
         print(f"{'':<{w}}  arms: {r['arms']}")
@@ -334,8 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="embodied",
         description="Embodied-AI workspace: simulators, training, closed-loop evaluation and inference.",
-        epilog="Exit codes: 0 ok, 2 bad input, 130 interrupted. `embodied COMMAND --help` for more.",
+        epilog=f"{EXIT_CODES} `embodied COMMAND --help` for more.",
     )
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep third-party warnings and log lines (gym's banner, robosuite's INFO / WARNING "
+                             "lines, highway-env's route warnings), filtered by default; accepted anywhere")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
     _add_infer(sub)
@@ -343,7 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_drive(sub)
     _add_train_eval(sub)
     _add_methods(sub)
+    _add_exit_codes(parser)
     return parser
+
+
+EXIT_CODES = "Exit codes: 0 ok, 1 some inputs of a batch failed (the rest written), 2 bad input, 130 interrupted."
+
+
+def _add_exit_codes(parser: argparse.ArgumentParser) -> None:
+    """End every sub-command's ``--help`` with the exit codes (after its own epilog, if any)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                if EXIT_CODES not in (child.epilog or ""):
+                    child.epilog = f"{child.epilog} {EXIT_CODES}" if child.epilog else EXIT_CODES
+                _add_exit_codes(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -351,12 +428,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from core.bootstrap import set_headless_env
 
     set_headless_env()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--verbose" not in argv:  # before anything imports the libraries (robosuite logs while importing)
+        from core.logging import quiet_third_party
+
+        quiet_third_party()
     try:
         parser = build_parser()
     except EmbodiedError as e:  # a broken method registration
         print(f"embodied: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args, extra = parser.parse_known_args(argv)
+    extra = [x for x in extra if x != "--verbose"]  # global, accepted after the command too
     if extra:
         # Flags may stand anywhere: after `eval sola --rotate so3 debug=tiny` or `infer normals a.png --out o
         # b.png`, argparse has closed the command's positional list at the flag; the leftovers join it.

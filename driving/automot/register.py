@@ -13,6 +13,8 @@ register_method(
     config="driving.automot.configuration_automot",
     model="driving.automot.modeling_automot:DrivingVLA",
     example="driving.automot.modeling_automot:tiny_example",
+    headline=[("openloop.coarse.l2_*", "m"), ("openloop.meta_accuracy", ""), ("qa_token_match.acc", ""),
+              ("closed_loop.*.all.driving_score", "%", 100), ("closed_loop.*.all.success_rate", "%", 100)],
     policy="driving.automot.policy:make_policy",
     demo="driving.automot.demo:demo_section",
     # same data, base VLM, steps, harness; out_dir follows model.arm

@@ -11,6 +11,8 @@ register_method(
     config="perception.adapters.configuration_fera",
     model="perception.adapters.modeling_fera:AdaptedDenoiser",
     example="perception.adapters.modeling_fera:example",
+    headline=[("heldout_loss.mean", ""), ("fd", ""), ("base.heldout_loss.mean", ""), ("base.fd", ""),
+              ("trainable_parameters", "")],
     demo="perception.adapters.demo:demo_section",
     # same base, shots, steps, harness; out_dir follows adapter.name
     arms={"fera": [], "fera_norouter": ["adapter=fera_norouter"], "fera_nofecl": ["adapter=fera_nofecl"],

@@ -11,6 +11,8 @@ register_method(
     config="perception.video.configuration_flexforcing",
     model="perception.video.modeling_flexforcing:FlexForcingModel",
     example="perception.video.modeling_flexforcing:example",
+    headline=[("regimes.*.mean.psnr", "dB"), ("regimes.*.mean.ssim", ""), ("regimes.*.mean.fd", ""),
+              ("regimes.*.mean.fps", "frames/s")],
     demo="perception.video.demo:demo_section",
     # the rigid-schedule baselines, same sizes (= model=flexforcing_bidirectional / _autoregressive; set
     # as fields, so that they also apply to model=flexforcing_tiny)

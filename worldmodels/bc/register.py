@@ -10,6 +10,7 @@ register_method(
     config="worldmodels.bc.configuration_bc",
     model="worldmodels.bc.modeling_bc:BCPolicyModel",
     example="worldmodels.bc.modeling_bc:example",
+    headline=[("policies.*.success_rate", "%", 100), ("policies.*.mean_length", "steps")],
     policy="worldmodels.bc.task:load_policy",
     demo="worldmodels.bc.demo:demo_section",
     arms={"bc": []},

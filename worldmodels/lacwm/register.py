@@ -16,6 +16,8 @@ register_method(
     config="worldmodels.lacwm.configuration_lacwm",
     model="worldmodels.lacwm.modeling_lacwm:WorldModel",
     example="worldmodels.lacwm.modeling_lacwm:example",
+    headline=[("rollout.*.psnr[-1]", "dB"), ("rollout.*.ssim[-1]", ""), ("probe.r2", ""), ("probe_adapted.r2", ""),
+              ("planning.*.success_rate", "%", 100)],
     policy="worldmodels.lacwm.task:load_policy",
     demo="worldmodels.lacwm.demo:demo_section",
     arms={"lacwm": [], "eacwm": ["model=eacwm", "out_dir=outputs/eacwm/run"]},
