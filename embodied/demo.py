@@ -99,8 +99,12 @@ def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, show
     ctx = DemoContext(out=out, seed=seed)
     results: list[tuple[str, DemoSection | None, str | None, float]] = []
     summary: dict[str, Any] = {}
+    from core.logging import progress
+
+    bar = progress(total=len(sections), desc="demo", unit="section")
     for name, loader in sections:
         t0 = time.perf_counter()
+        bar.set_postfix_str(name)
         log.info("demo section %s ...", name)
         try:
             sec = loader()(ctx)
@@ -113,6 +117,8 @@ def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, show
         summary[name] = {"ok": err is None, "seconds": round(secs, 1), "figures": sec.figures if sec else {},
                          "error": err.splitlines()[0] if err else None}
         render_page(out, results)  # the page is complete after every section
+        bar.update()
+    bar.close()
     write_json(out / "summary.json", summary)
     page = out / "index.html"
     failed = [n for n, s in summary.items() if not s["ok"]]
