@@ -24,9 +24,7 @@ SCHEMAS = sorted({(g, n) for g in GROUPS if ConfigStore.instance().repo.get(g)
                   for n in ConfigStore.instance().list(g) if n.endswith("_schema.yaml")})
 MODELS = sorted(s.name for s in method_specs() if s.model)
 # Known exceptions, each failing today (strict xfail: fixing one makes its entry fail until it is removed here).
-# DrivingVLAConfig's ``base_path`` is a required VLM folder declared with the default "" (the Hydra schema
-# AutoMoTModelConfig validates); declaring it without a default would make it a required field, skipped here.
-KNOWN = {"automot": "DrivingVLAConfig.base_path is required (a VLM folder) but declared with the default ''"}
+KNOWN: dict[str, str] = {}
 
 
 def _required(cls: type) -> list[str]:

@@ -15,15 +15,14 @@ SD2 UNet (TransNormal)      0.87 B     867,556,804      ``build_unet``: SD2's 86
 SD VAE (TransNormal)        0.084 B    83,653,863       ``build_vae`` (inside ``TransNormalModel``)
 DINOv3 ViT-L/16             0.30 B     303,079,424      ``build_dino`` (timm); HF ``DINOv3ViTModel``: +50,176
 Qwen2.5-VL-7B (Deep-VRM)    8.3 B      8,292,166,656    ``core.vlm.build_vlm`` == transformers, published cfg
-Qwen3-VL-4B (AutoMoT)       4.4 B      4,437,815,808    transformers, published cfg (``core.vlm``: see below)
+Qwen3-VL-4B (AutoMoT)       4.4 B      4,437,815,808    ``core.vlm.build_vlm`` == transformers, published cfg
 Wan2.1-T2V-1.3B             1.3 B      1,418,996,800    diffusers ``WanTransformer3DModel``, published cfg
 ==========================  =========  ===============  ==================================================
 
 Two figures are not the name's: Wan2.1's "1.3B" is a rounded name — the Wan report's architecture table (dim 1536,
 30 layers, 12 heads, FFN 8960, text dim 4096) gives 1.419 B, which is what its released checkpoint holds (2.84 GB
-in bf16); the test checks that table exactly and the count against 1.42 B. ``core.vlm.VLMConfig`` cannot express
-Qwen3-VL-4B (it derives ``head_dim`` = hidden / heads = 80, not the published 128, and builds no deepstack
-mergers): 4.07 B, a strict xfail below until ``core.vlm`` takes those sizes.
+in bf16); the test checks that table exactly and the count against 1.42 B. ``core.vlm.VLMConfig`` builds
+Qwen3-VL-4B with its own ``head_dim`` (128; hidden / heads would be 80), deepstack mergers and vision position grid.
 """
 
 from __future__ import annotations
@@ -172,18 +171,28 @@ def test_qwen3_vl_4b_published_config():
     assert model.lm_head.weight is model.model.language_model.embed_tokens.weight  # tied: counted once
 
 
-@pytest.mark.xfail(strict=True, reason="core.vlm.VLMConfig derives head_dim = hidden / heads (80, not Qwen3-VL-4B's "
-                                       "128) and builds no deepstack mergers: 4.07 B instead of 4.44 B")
 def test_qwen3_vl_4b_through_core_vlm():
+    """AutoMoT's paper base through ``core.vlm``: ``VLMConfig`` with Qwen3-VL-4B's head_dim (128, not hidden /
+    heads = 80), M-RoPE split, deepstack mergers and vision position grid builds exactly the published model."""
+    from transformers import Qwen3VLForConditionalGeneration
+
     from core.vlm import VLMConfig, build_vlm
 
     sizes = VLMConfig(family="qwen3_vl", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
                       num_heads=32, num_kv_heads=8, vision_depth=24, vision_hidden=1024, vision_intermediate=4096,
                       vision_heads=16, patch_size=16, merge_size=2, temporal_patch_size=2, max_positions=262144,
-                      tie_word_embeddings=True)
+                      tie_word_embeddings=True, head_dim=128, mrope_section=[24, 20, 20],
+                      deepstack_indexes=[5, 11, 17], vision_position_embeddings=2304)
     with torch.device("meta"):
         model = build_vlm(sizes)
-    check("Qwen3-VL-4B (core.vlm.build_vlm)", model, 4.4e9)
+        published = Qwen3VLForConditionalGeneration(_qwen3_vl_4b_config())
+    n = check("Qwen3-VL-4B (core.vlm.build_vlm)", model, 4.4e9)
+    assert n == count(published) == 4_437_815_808
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert ours == {k: tuple(v.shape) for k, v in published.state_dict().items()}  # the same tensors, by name
+    assert len(model.model.visual.deepstack_merger_list) == 3
+    text = model.config.text_config
+    assert (text.head_dim, text.rope_scaling["mrope_section"]) == (128, [24, 20, 20])
 
 
 # ------------------------------------------------------------------------------------------ video

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,15 @@ class VLMConfig:
     """Sizes of a Qwen-VL-class model built from scratch (every size a config value).
 
     The special-token ids must match the tokenizer (``core.vlm.tokenizer.SPECIAL_TOKENS`` order gives 0..6).
+
+    - ``head_dim``: the LLM's attention head width; None = ``hidden_size / num_heads`` (Qwen2.5-VL allows only
+      that; Qwen3-VL's published models set it, e.g. 128 in Qwen3-VL-4B where hidden / heads = 80).
+    - ``mrope_section``: the (time, height, width) split of the rotary half-dimension; None = ``mrope_section``'s
+      1/4, 3/8, 3/8 (Qwen3-VL-4B publishes [24, 20, 20]).
+    - ``deepstack_indexes`` (qwen3_vl): vision blocks whose merged features are added to the first LLM layers'
+      image tokens (one extra patch merger each; Qwen3-VL-4B: [5, 11, 17]); empty = none.
+    - ``vision_position_embeddings`` (qwen3_vl): learned vision positions, a square grid (Qwen3-VL: 2304 = 48^2);
+      None = ``max(64, max_positions // 4)``.
     """
 
     family: str = "qwen2_5_vl"
@@ -77,20 +87,60 @@ class VLMConfig:
     temporal_patch_size: int = 2
     max_positions: int = 1024
     tie_word_embeddings: bool = True
+    head_dim: int | None = None
+    mrope_section: list[int] | None = None
+    deepstack_indexes: list[int] = field(default_factory=list)
+    vision_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ConfigError(f"model.vlm.family must be one of {FAMILIES}, got {self.family!r}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ConfigError("model.vlm: hidden_size must divide by num_heads, num_heads by num_kv_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("model.vlm: num_heads must divide by num_kv_heads")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError("model.vlm: hidden_size must divide by num_heads (or set model.vlm.head_dim)")
         if self.vision_hidden % self.vision_heads:
             raise ConfigError("model.vlm: vision_hidden must divide by vision_heads")
+        derived = self.hidden_size // self.num_heads
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            raise ConfigError(f"model.vlm.head_dim must be an even integer >= 2, got {self.head_dim}")
+        if self.family == "qwen2_5_vl" and self.head_dim not in (None, derived):
+            raise ConfigError(f"model.vlm.head_dim: Qwen2.5-VL's attention uses hidden_size / num_heads = {derived}, "
+                              f"got {self.head_dim}")
+        if self.mrope_section is not None:
+            self.mrope_section = [int(x) for x in self.mrope_section]
+            if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.text_head_dim // 2:
+                raise ConfigError(f"model.vlm.mrope_section must be 3 sizes summing to head_dim / 2 = "
+                                  f"{self.text_head_dim // 2}, got {self.mrope_section}")
+        self.deepstack_indexes = [int(i) for i in self.deepstack_indexes]
+        if self.deepstack_indexes and self.family != "qwen3_vl":
+            raise ConfigError("model.vlm.deepstack_indexes: only the qwen3_vl family has deepstack mergers")
+        if any(not 0 <= i < self.vision_depth for i in self.deepstack_indexes) or \
+                len(set(self.deepstack_indexes)) != len(self.deepstack_indexes):
+            raise ConfigError(f"model.vlm.deepstack_indexes must be distinct vision blocks in [0, {self.vision_depth}),"
+                              f" got {self.deepstack_indexes}")
+        if self.deepstack_indexes and len(self.deepstack_indexes) > self.num_layers:
+            raise ConfigError(f"model.vlm.deepstack_indexes: {len(self.deepstack_indexes)} deepstack levels feed the "
+                              f"first LLM layers, but there are only {self.num_layers}")
+        if self.vision_position_embeddings is not None:
+            if self.family != "qwen3_vl":
+                raise ConfigError("model.vlm.vision_position_embeddings: only the qwen3_vl family has them")
+            side = round(self.vision_position_embeddings ** 0.5)
+            if self.vision_position_embeddings < 1 or side * side != self.vision_position_embeddings:
+                raise ConfigError(f"model.vlm.vision_position_embeddings must be a square number (a grid of "
+                                  f"learned positions), got {self.vision_position_embeddings}")
+
+    @property
+    def text_head_dim(self) -> int:
+        """The LLM's attention head width: ``head_dim``, else ``hidden_size / num_heads``."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
     def hf_config(self) -> Any:
         """The ``transformers`` config of this size (special-token ids from ``SPECIAL_TOKENS``' order)."""
         config_cls, _ = _classes(self.family)
         ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
-        head_dim = self.hidden_size // self.num_heads
+        head_dim = self.text_head_dim
+        section = self.mrope_section or mrope_section(head_dim)
         text = dict(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
                     intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
                     num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
@@ -101,15 +151,15 @@ class VLMConfig:
                       out_hidden_size=self.hidden_size, patch_size=self.patch_size,
                       spatial_merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size)
         if self.family == "qwen2_5_vl":
-            text["rope_scaling"] = {"type": "mrope", "mrope_section": mrope_section(head_dim)}
+            text["rope_scaling"] = {"type": "mrope", "mrope_section": section}
             vision["fullatt_block_indexes"] = list(range(self.vision_depth))  # small images: one window anyway
             vision["window_size"] = self.patch_size * self.merge_size * 64
         else:
-            text["rope_scaling"] = {"rope_type": "default", "mrope_section": mrope_section(head_dim),
-                                    "mrope_interleaved": True}
+            text["rope_scaling"] = {"rope_type": "default", "mrope_section": section, "mrope_interleaved": True}
             text["head_dim"] = head_dim
-            vision["deepstack_visual_indexes"] = []
-            vision["num_position_embeddings"] = max(64, (self.max_positions // 4))
+            vision["deepstack_visual_indexes"] = list(self.deepstack_indexes)
+            vision["num_position_embeddings"] = (self.vision_position_embeddings
+                                                 or max(64, (self.max_positions // 4)))
         cfg = config_cls(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
                          video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
                          vision_end_token_id=ids[VISION_END], tie_word_embeddings=self.tie_word_embeddings)
@@ -244,20 +294,41 @@ def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSp
     return folder
 
 
-def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
+    """A ``load_vlm`` dtype: a ``torch.dtype``, one of ``DTYPES`` by name, or None (float32); ``"auto"`` is kept
+    (the folder's own ``config.json`` dtype)."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"VLM dtype must be one of {DTYPES}, got {dtype!r}")
+    return dtype if dtype == "auto" else getattr(torch, dtype)
+
+
+def load_vlm(folder: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
              weights: bool = True):
     """(model, tokenizer) from a local ``save_pretrained`` folder of a supported family; offline.
 
-    ``weights=False`` builds the model from ``config.json`` with freshly initialised weights (for a caller that
-    loads a full state dict of its own next, e.g. a fine-tuned copy: the folder then needs no weight files).
+    ``dtype``: the parameters' dtype (``resolve_dtype``: None = float32; ``"auto"`` = the folder's ``config.json``
+    dtype, float32 if it names none). The model is built on the meta device and its weights are read straight
+    into that dtype (transformers' ``from_pretrained(dtype=...)``): a bf16 7B model never holds an fp32 copy.
+    ``weights=False`` builds the model from ``config.json`` with freshly initialised weights, directly in
+    ``dtype`` (for a caller that loads a full state dict of its own next, e.g. a fine-tuned copy: the folder
+    then needs no weight files).
 
     Raises:
         CheckpointError: No such folder, no ``config.json``, an unsupported model type, or unreadable weights.
+        ConfigError: An unknown ``dtype``.
     """
     import transformers
 
     from core.vlm.tokenizer import load_tokenizer
 
+    dtype = resolve_dtype(dtype)
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such VLM folder")
@@ -270,17 +341,55 @@ def load_vlm(folder: str | Path, dtype: torch.dtype | None = None, device: str |
     if config.model_type not in FAMILIES:
         raise CheckpointError(f"{folder}: model_type {config.model_type!r} is not a supported VLM {FAMILIES}")
     _, model_cls = _classes(config.model_type)
+    if dtype == "auto":
+        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = saved if isinstance(saved, torch.dtype) else getattr(torch, str(saved or "float32"))
     if not weights:
-        model = model_cls(config).to(dtype or torch.float32)
+        model = model_cls._from_config(config, dtype=dtype)  # initialised in dtype (default dtype set meanwhile)
     else:
         try:
-            model = model_cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
+            model = model_cls.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
         except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{folder}: cannot load the weights ({str(e).splitlines()[0]})") from None
     tokenizer = load_tokenizer(folder)
     if token_id(tokenizer, IMAGE_PAD) != image_token_id(model):
         raise CheckpointError(f"{folder}: the tokenizer's {IMAGE_PAD} id differs from the model's image_token_id")
     return model.to(device), tokenizer
+
+
+def has_token(tokenizer: Any, token: str) -> bool:
+    """Whether ``token`` is one entry of ``tokenizer``'s vocabulary (not split, not the unknown token)."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    return i is not None and i >= 0 and i != tokenizer.unk_token_id
+
+
+def add_tokens(model: nn.Module, tokenizer: Any, tokens: Sequence[str]) -> list[str]:
+    """Make each of ``tokens`` one vocabulary entry of ``tokenizer`` and ``model``; returns those added, in order.
+
+    The tokens the tokenizer lacks are added (``tokenizer.add_tokens``, ids after the current ones); the model's
+    embedding matrices grow to ``len(tokenizer)`` only if they have fewer rows (a Qwen checkpoint's are padded
+    beyond its tokenizer, so they usually do not). Each added token's input row, and its output row when the LM
+    head is not tied, is set to the mean of the rows of the tokens it was split into before: the same base and
+    the same list always give the same ids and weights, so a model that records what it added (and adds it again
+    on loading) is rebuilt exactly. Tokens already there are left alone (calling this twice adds nothing).
+    """
+    new = [t for t in dict.fromkeys(tokens) if not has_token(tokenizer, t)]
+    if not new:
+        return []
+    pieces = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in new}
+    tokenizer.add_tokens(new)
+    ids = [int(tokenizer.convert_tokens_to_ids(t)) for t in new]
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    out = None if out is None or out.weight is emb else out.weight
+    with torch.no_grad():
+        for t, i in zip(new, ids, strict=True):
+            emb[i] = emb[pieces[t]].mean(dim=0)
+            if out is not None:
+                out[i] = out[pieces[t]].mean(dim=0)
+    return new
 
 
 def patch_spec_of(model: nn.Module, image_size: int) -> PatchSpec:

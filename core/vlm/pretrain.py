@@ -93,7 +93,8 @@ class BasePretraining:
 def ensure_base_vlm(path: str | Path, how: BasePretraining, trainer: Any, corpus: Callable[[], Iterable[str]],
                     dataset: Callable[[Any, PatchSpec], torch.utils.data.Dataset],
                     collate: Callable[[Any, PatchSpec], Callable[[list[Any]], Any]] | None = None,
-                    run_config: dict[str, Any] | None = None, card: dict[str, Any] | None = None):
+                    run_config: dict[str, Any] | None = None, card: dict[str, Any] | None = None,
+                    dtype: str | torch.dtype | None = None):
     """(vlm, tokenizer) from ``path``; pretrained there first (under a lock, resumable) if it holds no model.
 
     Args:
@@ -108,6 +109,8 @@ def ensure_base_vlm(path: str | Path, how: BasePretraining, trainer: Any, corpus
             pad id.
         run_config: Recorded in the pretraining run's checkpoints (the method's model config, say).
         card: More fields for ``pretraining.json``.
+        dtype: The loaded model's parameter dtype (``core.vlm.load_vlm``; None = float32). A base built here is
+            pretrained in float32 whatever this is.
 
     Raises:
         ConfigError: No base there and this is one rank of a distributed run.
@@ -117,7 +120,7 @@ def ensure_base_vlm(path: str | Path, how: BasePretraining, trainer: Any, corpus
 
     base = Path(path)
     if (base / "config.json").is_file():  # a user's folder or a finished base (save_vlm renames it into place whole)
-        return load_vlm(base)  # nothing written, not even the lock beside it
+        return load_vlm(base, dtype=dtype)  # nothing written, not even the lock beside it
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(f"{base}: no base VLM there; pretrain it in one process first (embodied train "
                           f"{how.method or 'METHOD'} with the same model.base_path) or point model.base_path at a "
@@ -125,7 +128,7 @@ def ensure_base_vlm(path: str | Path, how: BasePretraining, trainer: Any, corpus
     with lock_folder(base.with_name(base.name + ".pretrain"), wait=24 * 3600):
         if not (base / "config.json").is_file():
             _pretrain(base, how, trainer, corpus, dataset, collate, run_config, card)
-    return load_vlm(base)
+    return load_vlm(base, dtype=dtype)
 
 
 def _pretrain(base: Path, how: BasePretraining, tcfg: Any, corpus, dataset, collate, run_config, card) -> None:

@@ -124,6 +124,7 @@ class AutoMoTConfig:
 
 
 ARMS = ("automot", "frozen", "noreason")
+BASE_DTYPES = ("float32", "bfloat16", "float16", "auto")  # core.vlm.DTYPES (this module imports no torch)
 SYSTEM_PROMPT = "You are driving the ego car. Look at the front camera and follow the instruction."
 REASON_PROMPT = "What should I do next, and why?"
 
@@ -138,7 +139,11 @@ class AutoMoTModelConfig:
       expert frozen: only the action expert learns) or ``noreason`` (no understanding expert at all).
     - ``base_path``: the VLM folder (a user's Qwen2.5-VL / Qwen3-VL ``save_pretrained`` folder, or the tiny one
       pretrained here on driving-scene QA and reasoning text: built there on first use from ``vlm`` sizes with
-      the ``pretrain_*`` settings; ``tokenizer_vocab`` is its BPE size).
+      the ``pretrain_*`` settings; ``tokenizer_vocab`` is its BPE size). A tokenizer that does not tell the
+      meta-actions apart by one token each (a Qwen tokenizer splits ``change_left`` / ``change_right`` after the
+      same first token) gets them added as whole tokens, the VLM's embeddings resized (``core.vlm.add_tokens``).
+    - ``base_dtype``: the dtype the base VLM's parameters are loaded in (``core.vlm.load_vlm``: ``float32`` |
+      ``bfloat16`` | ``float16`` | ``auto`` = the folder's own).
     - ``image_size``: side of the square VLM input each front frame is resized to; ``history``: frames per
       sample (oldest first).
     - ``mot``: ``AutoMoTConfig`` fields (the action expert's sizes, token layout, loss weights); the geometry
@@ -151,6 +156,7 @@ class AutoMoTModelConfig:
 
     arm: str = "automot"
     base_path: str = "outputs/automot/base"
+    base_dtype: str = "float32"
     image_size: int = 64
     history: int = 2
     vlm: dict[str, Any] = field(default_factory=dict)
@@ -168,6 +174,8 @@ class AutoMoTModelConfig:
     def __post_init__(self) -> None:
         if self.arm not in ARMS:
             raise ConfigError(f"model.arm must be one of {ARMS}, got {self.arm!r}")
+        if self.base_dtype not in BASE_DTYPES:
+            raise ConfigError(f"model.base_dtype must be one of {BASE_DTYPES}, got {self.base_dtype!r}")
         for key in ("image_size", "history", "pretrain_batch"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
@@ -189,6 +197,10 @@ class DrivingVLAConfig:
     - ``arm``: ``automot`` | ``frozen`` | ``noreason`` (see ``AutoMoTModelConfig``).
     - ``base_path``: the understanding expert's VLM folder (its config and tokenizer; in the ``frozen`` arm its
       weights too, which the policy folder then does not store); ``""`` in the ``noreason`` arm (no VLM).
+    - ``base_dtype``: the dtype the base is loaded in (``AutoMoTModelConfig``).
+    - ``added_tokens``: tokens added to the base's tokenizer, in order, with the VLM's embeddings resized
+      (``core.vlm.add_tokens``: the meta-action names when the base's tokenizer lacks them); added again, to
+      the same ids and rows, whenever the policy is built from the base.
     - ``image_size`` / ``history``: the square VLM input per front frame, frames per prompt.
     - ``mot``: the resolved ``AutoMoTConfig`` (attention geometry and meta-action token ids filled in).
     - ``refiner``: the resolved ``driving.automot.refiner.RefinerConfig`` fields, or None (no refiner).
@@ -197,7 +209,9 @@ class DrivingVLAConfig:
     """
 
     arm: str = "automot"
-    base_path: str = ""
+    base_path: str = "outputs/automot/base"
+    base_dtype: str = "float32"
+    added_tokens: list[str] = field(default_factory=list)
     image_size: int = 64
     history: int = 2
     mot: AutoMoTConfig = field(default_factory=AutoMoTConfig)
@@ -218,6 +232,11 @@ class DrivingVLAConfig:
                               f"(arm={self.arm!r}, base_path={self.base_path!r})")
         if int(self.image_size) < 1 or int(self.history) < 1 or self.lm_loss_weight < 0:
             raise ConfigError("model.image_size and model.history must be >= 1, model.lm_loss_weight >= 0")
+        if self.base_dtype not in BASE_DTYPES:
+            raise ConfigError(f"model.base_dtype must be one of {BASE_DTYPES}, got {self.base_dtype!r}")
+        self.added_tokens = [str(t) for t in self.added_tokens]
+        if self.added_tokens and self.arm == "noreason":
+            raise ConfigError("model.added_tokens: the noreason arm has no tokenizer to add tokens to")
         if self.refiner is not None:
             self.refiner = dict(self.refiner)
 
@@ -257,5 +276,5 @@ class AutoMoTDataConfig:
             raise ConfigError("data.episodes, data.test_episodes, data.stride and data.workers must be >= 1")
 
 
-__all__ = ["ARMS", "META_ACTIONS", "REASON_PROMPT", "SYSTEM_PROMPT", "AutoMoTConfig", "AutoMoTDataConfig",
+__all__ = ["ARMS", "BASE_DTYPES", "META_ACTIONS", "REASON_PROMPT", "SYSTEM_PROMPT", "AutoMoTConfig", "AutoMoTDataConfig",
            "AutoMoTModelConfig", "DrivingVLAConfig"]

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError
 from core.pretrained import PreTrainedModel
 from core.vlm import (
     decoder_layers,
@@ -655,7 +655,7 @@ class DrivingVLA(PreTrainedModel):
     base_fields = ("base_path",)
 
     def __init__(self, config: DrivingVLAConfig, base: tuple[nn.Module, Any] | None = None):
-        from core.vlm import load_vlm, patch_spec_of
+        from core.vlm import add_tokens, load_vlm, patch_spec_of
         from driving.automot.inputs import Prompter
         from driving.automot.refiner import RefinerConfig, WaypointRefiner
 
@@ -663,7 +663,15 @@ class DrivingVLA(PreTrainedModel):
         self.config = config
         vlm = tok = None
         if config.mot.use_understanding:
-            vlm, tok = base if base is not None else load_vlm(config.base_path)
+            vlm, tok = base if base is not None else load_vlm(config.base_path, dtype=config.base_dtype)
+            if config.added_tokens:  # the vocabulary the policy was trained with (a no-op where already added)
+                add_tokens(vlm, tok, config.added_tokens)
+                ids = [tok.convert_tokens_to_ids(t) for t in config.added_tokens]
+                known = dict(zip(config.mot.meta_action_names, config.mot.meta_action_token_ids, strict=False))
+                if any(known.get(t, i) != i for t, i in zip(config.added_tokens, ids, strict=True)):
+                    raise CheckpointError(f"{config.base_path}: adding {config.added_tokens} to its tokenizer gives "
+                                          f"ids {ids}, not the policy's meta_action_token_ids "
+                                          f"{config.mot.meta_action_token_ids} (a different base?)")
         elif base is not None:
             raise ConfigError("DrivingVLA: the noreason arm has no understanding expert; pass no base")
         self.mot = AutoMoT(config.mot, vlm)
@@ -680,7 +688,7 @@ class DrivingVLA(PreTrainedModel):
         if config.arm == "automot":
             from core.vlm import load_vlm
 
-            return cls(config, base=load_vlm(config.base_path, weights=False))
+            return cls(config, base=load_vlm(config.base_path, dtype=config.base_dtype, weights=False))
         return cls(config)
 
     def trained_state_dict(self) -> dict[str, torch.Tensor]:

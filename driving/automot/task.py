@@ -142,6 +142,18 @@ def meta_token_ids(tok: Any, names: tuple[str, ...] = META_ACTIONS) -> list[int]
     return ids
 
 
+def missing_meta_tokens(tok: Any, names: tuple[str, ...] = META_ACTIONS) -> list[str]:
+    """The meta-action names to add as whole tokens: none when ``meta_token_ids`` already tells every name apart
+    (the tokenizer is used as it is); else every name that is not one token yet."""
+    try:
+        meta_token_ids(tok, names)
+        return []
+    except ConfigError:
+        from core.vlm import has_token
+
+        return [n for n in names if not has_token(tok, n)]
+
+
 def ensure_base(model_cfg: AutoMoTModelConfig, data: AutoMoTDataConfig, tcfg: TrainerConfig):
     """(vlm, tokenizer) from ``model.base_path``; pretrained there on driving QA + reasoning if it holds none
     (``core.vlm.ensure_base_vlm``: under a lock, resumable; the meta-action names become whole tokens)."""
@@ -160,7 +172,8 @@ def ensure_base(model_cfg: AutoMoTModelConfig, data: AutoMoTDataConfig, tcfg: Tr
         dataset=lambda tok, spec: UnderstandingSet(train(), tcfg.seed),
         collate=lambda tok, spec: functools.partial(understanding_collate, spec=spec,
                                                     prompter=Prompter(tok, spec.tokens_per_image, model_cfg.history)),
-        run_config={"model": dataclasses.asdict(model_cfg)}, card={"meta_action_tokens": list(META_ACTIONS)})
+        run_config={"model": dataclasses.asdict(model_cfg)}, card={"meta_action_tokens": list(META_ACTIONS)},
+        dtype=model_cfg.base_dtype)
 
 
 # -- the VLA ------------------------------------------------------------------------------------------------------
@@ -190,22 +203,35 @@ def vla_collate(items: list[dict[str, Any]], prompter: Any, spec: Any, lm: bool)
                        lm_answers=answers)
 
 
-def policy_config(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None) -> DrivingVLAConfig:
+def policy_config(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None,
+                  added_tokens: list[str] | None = None) -> DrivingVLAConfig:
     """The resolved ``DrivingVLAConfig`` an arm trains (geometry and meta-action ids from the VLM, the refiner's
-    ``cond_dim``)."""
+    ``cond_dim``; ``added_tokens``: what ``build_policy`` added to ``tok``)."""
     mot = mot_config(model_cfg, vlm, tok)
     lm = model_cfg.arm == "automot" and model_cfg.lm_loss_weight > 0
     return DrivingVLAConfig(arm=model_cfg.arm, base_path=model_cfg.base_path if vlm is not None else "",
+                            base_dtype=model_cfg.base_dtype, added_tokens=list(added_tokens or []),
                             image_size=model_cfg.image_size, history=model_cfg.history, mot=mot,
                             refiner=refiner_config(model_cfg, mot).to_dict() if model_cfg.refiner_steps > 0 else None,
                             lm_loss_weight=model_cfg.lm_loss_weight if lm else 0.0)
 
 
 def build_policy(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None):
-    """The ``DrivingVLA`` of an arm around an already loaded base (``vlm``, ``tok``; None for noreason)."""
+    """The ``DrivingVLA`` of an arm around an already loaded base (``vlm``, ``tok``; None for noreason).
+
+    A tokenizer that does not tell the meta-actions apart by one token each gets them as whole tokens first
+    (``core.vlm.add_tokens``: ``tok`` and ``vlm`` are changed in place; the policy records what was added).
+    """
+    from core.vlm import add_tokens
     from driving.automot.modeling_automot import DrivingVLA
 
-    return DrivingVLA(policy_config(model_cfg, vlm, tok), base=(vlm, tok) if vlm is not None else None)
+    added: list[str] = []
+    if vlm is not None:
+        names = tuple(dict(model_cfg.mot).get("meta_action_names", META_ACTIONS))
+        added = add_tokens(vlm, tok, missing_meta_tokens(tok, names))
+        if added:
+            log.info("the tokenizer lacked the meta-action tokens %s: added, the VLM's embeddings resized", added)
+    return DrivingVLA(policy_config(model_cfg, vlm, tok, added), base=(vlm, tok) if vlm is not None else None)
 
 
 def build_policy_model(model_cfg: AutoMoTModelConfig, vlm: nn.Module | None, tok: Any | None):
@@ -386,11 +412,12 @@ def evaluate(cfg) -> dict[str, Any]:
     test = samples(model_cfg, data, "test", stride=1)
     result: dict[str, Any] = {"arm": model_cfg.arm, "openloop": openloop(policy, test, limit=data.eval_samples)}
     if policy.prompter is not None:
-        from core.vlm import load_vlm
+        from core.vlm import add_tokens, load_vlm
 
         qa_test = samples(model_cfg, data, "test", qa=True, stride=1)
         result["qa_token_match"] = qa_token_match(policy.mot.vlm, policy.prompter, policy.spec, qa_test)
-        base_vlm, _ = load_vlm(policy.config.base_path)
+        base_vlm, base_tok = load_vlm(policy.config.base_path, dtype=policy.config.base_dtype)
+        add_tokens(base_vlm, base_tok, policy.config.added_tokens)  # the policy's vocabulary (none: a no-op)
         result["qa_token_match_base"] = qa_token_match(base_vlm.eval(), policy.prompter, policy.spec, qa_test)
     if data.eval_episodes > 0:
         closed = {}

@@ -19,6 +19,7 @@ from core.errors import ConfigError
 VLM_ARMS = ("deepvrm", "lora", "full")
 BASELINE_ARMS = ("freq_cnn", "feature_probe")
 ARMS = VLM_ARMS + BASELINE_ARMS
+BASE_DTYPES = ("float32", "bfloat16", "float16", "auto")  # core.vlm.DTYPES (this module imports no torch)
 
 VERDICT_PROMPT = "Is this image real or fake? Please just answer 'real' or 'fake'."
 EXPLAIN_PROMPT = "Is this image real or fake? Answer, then give a short reason."
@@ -32,6 +33,9 @@ class DeepVRMModelConfig:
     - ``base_path``: the pretrained VLM folder (``save_pretrained`` layout: a user's Qwen2.5-VL / Qwen3-VL, or the
       tiny one pretrained here on image QA: built there on first use from ``vlm`` sizes with ``pretrain_*``).
     - ``vlm``: sizes of the model pretrained here (``core.vlm.VLMConfig`` fields); ignored for a user's folder.
+    - ``base_dtype``: the dtype the base VLM's parameters are loaded in (``core.vlm.load_vlm``: ``float32`` |
+      ``bfloat16`` | ``float16`` | ``auto`` = the folder's own); ``bfloat16`` halves a 7B base's memory (pair it
+      with ``trainer.precision`` bf16 autocast on a GPU).
     - ``inject_layer`` (K): frozen LLM layers 0..K-1; V_a's tokens join the input of layer K.
     - ``lora_rank`` / ``lora_alpha``: LoRA on the LLM's layers >= K; ``va_lora_rank``: LoRA on V_a.
     - ``hp_gain``: gain of V_a's high-pass view.
@@ -46,6 +50,7 @@ class DeepVRMModelConfig:
     base_path: str = "outputs/deepvrm/base"
     image_size: int = 64
     vlm: dict[str, Any] = field(default_factory=dict)
+    base_dtype: str = "float32"
     tokenizer_vocab: int = 1024
     pretrain_steps: int = 2000
     pretrain_batch: int = 32
@@ -61,6 +66,7 @@ class DeepVRMModelConfig:
 
     def __post_init__(self) -> None:
         choice("model.arm", self.arm, ARMS)
+        choice("model.base_dtype", self.base_dtype, BASE_DTYPES)
         if self.inject_layer < 1:
             raise ConfigError(f"model.inject_layer must be >= 1, got {self.inject_layer}")
         if not 0.0 <= self.stage1_fraction <= 1.0:
@@ -78,6 +84,8 @@ class DeepVRMDataConfig:
     / ``build_seed`` unless it is there (a user's GenImage folder is used as is). ``stage1`` generators train stage
     1; stage 2 trains on ``stage1`` + ``stage2`` (the VAE reconstructions: hard negatives that differ from real only
     in low-level signal). ``holdout``: a family never trained on (reported as the generalisation column).
+    ``size`` is also the side the images are read at, so for the VLM arms it must equal ``model.image_size``
+    (``configs/data/deepvrm.yaml`` sets it to ``${model.image_size}``: one source of truth).
     ``explain_fraction``: share of training examples asked with the explain prompt (answer + reason) instead of
     the verdict-only prompt. QA: ``qa_train`` / ``qa_test`` images under ``qa_root`` (``perception.forensics.qa``);
     ``eval_qa`` caps the QA questions scored at evaluation, ``eval_n`` the images per generator and class.

@@ -107,7 +107,7 @@ class DeepVRM(PreTrainedModel):
         if base is None:
             from core.vlm import load_vlm
 
-            base = load_vlm(config.base_path)
+            base = load_vlm(config.base_path, dtype=config.base_dtype)
         vlm, tokenizer = base
         layers = decoder_layers(vlm)
         if not 1 <= config.inject_layer < len(layers):
@@ -139,7 +139,7 @@ class DeepVRM(PreTrainedModel):
         if config.arm == "full":
             from core.vlm import load_vlm
 
-            return cls(config, base=load_vlm(config.base_path, weights=False))
+            return cls(config, base=load_vlm(config.base_path, dtype=config.base_dtype, weights=False))
         return cls(config)
 
     # -- which parts train ---------------------------------------------------------------------------------------

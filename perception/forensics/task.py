@@ -202,7 +202,7 @@ def ensure_base(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, tcfg: Tr
                           what="tiny Qwen2.5-VL-class model pretrained on image QA by `embodied train deepvrm`")
     return ensure_base_vlm(model_cfg.base_path, how, tcfg, corpus=lambda: tokenizer_corpus(sets()), dataset=dataset,
                            run_config={"model": dataclasses.asdict(model_cfg)},
-                           card={"qa_records": data.qa_train})
+                           card={"qa_records": data.qa_train}, dtype=model_cfg.base_dtype)
 
 
 # -- building / loading a detector -------------------------------------------------------------------------------
@@ -305,6 +305,9 @@ def _configs(cfg) -> tuple[DeepVRMModelConfig, DeepVRMDataConfig, TrainerConfig]
     model_cfg, data, tcfg = to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
     if not isinstance(model_cfg, DeepVRMModelConfig) or not isinstance(data, DeepVRMDataConfig):
         raise ConfigError("deepvrm needs model=deepvrm* and data=deepvrm (see configs/experiment/deepvrm.yaml)")
+    if model_cfg.arm not in BASELINE_ARMS and data.size != model_cfg.image_size:
+        raise ConfigError(f"data.size ({data.size}) must equal model.image_size ({model_cfg.image_size}): the VLM "
+                          "reads the images at its own input size (leave data.size unset: it follows model.image_size)")
     return model_cfg, data, tcfg
 
 
@@ -322,7 +325,7 @@ def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=Non
         if cached.get("key") == key:
             return cached["qa_exact_match"]
     if vlm is None:
-        vlm, tok = load_vlm(model_cfg.base_path)
+        vlm, tok = load_vlm(model_cfg.base_path, dtype=model_cfg.base_dtype)
     # arm "full" adds nothing: the plain VLM
     plain = DeepVRM(dataclasses.replace(model_cfg, arm="full"), base=(vlm, tok)).eval()
     records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
@@ -369,7 +372,7 @@ def train(cfg) -> dict[str, Any]:
             continue
         # Each stage starts from a fresh copy of the base plus what the previous stage trained (its final
         # checkpoint), so that the second Trainer never wraps a module the first one sharded (FSDP).
-        vlm, tok = base if trainer is None else load_vlm(model_cfg.base_path)
+        vlm, tok = base if trainer is None else load_vlm(model_cfg.base_path, dtype=model_cfg.base_dtype)
         model = build_detector(vlm, tok, model_cfg)
         if trainer is not None:
             from core import checkpoint as ckpt

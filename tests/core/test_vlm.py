@@ -260,3 +260,113 @@ def test_inject_lora_with_a_regular_expression_wraps_exactly_the_matching_linear
     assert all(".lora_A.llm." in n or ".lora_B.llm." in n for n, _ in model.named_parameters() if "lora_" in n)
     with pytest.raises(ValueError, match="matches"):
         inject_lora(model, r"nothing\.here", rank=2)
+
+
+# -- dtype, paper-size config fields, added tokens ---------------------------------------------------------------
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("weights", [True, False])
+def test_load_vlm_in_bf16_never_materialises_fp32_parameters(tok, tmp_path, family, weights):
+    """Every parameter the load creates off the meta device is bf16 (a registration hook sees each one): the
+    folder's weights are read straight into bf16, no fp32 model is built first."""
+    cfg, model = tiny(tok, family)
+    save_vlm(tmp_path / "vlm", model, tok, cfg.patch_spec(32))
+    made = []
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+        lambda module, name, p: made.append((name, p.dtype, p.device.type)))
+    try:
+        loaded, _ = load_vlm(tmp_path / "vlm", dtype="bfloat16", weights=weights)
+    finally:
+        hook.remove()
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    materialised = [(n, d) for n, d, dev in made if dev != "meta"]
+    assert materialised and all(d == torch.bfloat16 for _, d in materialised), materialised[:3]
+    if weights:  # the same values as the fp32 model, rounded once
+        ref = dict(model.named_parameters())
+        for name, p in loaded.named_parameters():
+            assert torch.equal(p, ref[name].to(torch.bfloat16)), name
+
+
+def test_load_vlm_dtype_default_auto_and_errors(tok, tmp_path):
+    cfg, model = tiny(tok)
+    save_vlm(tmp_path / "fp32", model, tok, cfg.patch_spec(32))
+    save_vlm(tmp_path / "bf16", model.to(torch.bfloat16), tok, cfg.patch_spec(32))
+    assert {p.dtype for p in load_vlm(tmp_path / "bf16")[0].parameters()} == {torch.float32}  # default: fp32
+    assert {p.dtype for p in load_vlm(tmp_path / "bf16", dtype="auto")[0].parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in load_vlm(tmp_path / "fp32", dtype="auto")[0].parameters()} == {torch.float32}
+    assert {p.dtype for p in load_vlm(tmp_path / "fp32", dtype=torch.float16)[0].parameters()} == {torch.float16}
+    with pytest.raises(ConfigError, match="dtype must be one of"):
+        load_vlm(tmp_path / "fp32", dtype="int8")
+
+
+def test_vlm_config_head_dim_mrope_and_deepstack(tok, tmp_path):
+    """Qwen3-VL's own head width (not hidden / heads), M-RoPE split, deepstack mergers and position grid."""
+    cfg = VLMConfig(family="qwen3_vl", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=3,
+                    num_heads=2, num_kv_heads=1, vision_depth=2, vision_hidden=32, vision_intermediate=64,
+                    vision_heads=2, head_dim=24, mrope_section=[4, 4, 4], deepstack_indexes=[0, 1],
+                    vision_position_embeddings=144)
+    torch.manual_seed(0)
+    model = build_vlm(cfg).eval()
+    attn = model.model.language_model.layers[0].self_attn
+    assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.o_proj.in_features) == (48, 24, 48)
+    assert len(model.model.visual.deepstack_merger_list) == 2
+    assert model.model.visual.pos_embed.num_embeddings == 144
+    assert model.config.text_config.rope_scaling["mrope_section"] == [4, 4, 4]
+    spec = cfg.patch_spec(32)
+    ex = vlm_collate([encode(tok, "how many objects are there?", "two", spec.tokens_per_image)], tok.pad_token_id)
+    pv, grid = patchify(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), spec)
+    with torch.no_grad():
+        before = model(**vlm_inputs(model, ex["input_ids"], ex["attention_mask"], pv, grid)).logits
+    save_vlm(tmp_path / "vlm", model, tok, spec)
+    loaded, _ = load_vlm(tmp_path / "vlm")
+    with torch.no_grad():
+        after = loaded.eval()(**vlm_inputs(loaded, ex["input_ids"], ex["attention_mask"], pv, grid)).logits
+    assert torch.equal(before, after)
+    # defaults unchanged: head_dim = hidden / heads, the derived split, no deepstack
+    plain = VLMConfig(family="qwen3_vl").hf_config()
+    assert plain.text_config.head_dim == 32 and plain.vision_config.deepstack_visual_indexes == []
+    assert plain.text_config.rope_scaling["mrope_section"] == [4, 6, 6]
+    for bad, match in [(dict(head_dim=24), "Qwen2.5-VL's attention"),
+                       (dict(family="qwen3_vl", mrope_section=[8, 8, 8]), "mrope_section"),
+                       (dict(family="qwen3_vl", deepstack_indexes=[4]), "deepstack_indexes"),
+                       (dict(deepstack_indexes=[0]), "only the qwen3_vl"),
+                       (dict(family="qwen3_vl", vision_position_embeddings=50), "square")]:
+        with pytest.raises(ConfigError, match=match):
+            VLMConfig(**bad)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_add_tokens_whole_tokens_resized_and_reproducible(tmp_path, tie):
+    """Names that share a first token become whole tokens; rows grow; the added rows are the mean of the rows
+    of the pieces they replaced, so adding again to a fresh copy of the same base gives the same model."""
+    from core.vlm import add_tokens, has_token
+
+    tok = build_tokenizer(["change lanes to the left or right, keep the lane"] * 10, vocab_size=280)
+    names = ["change_left", "change_right"]
+    first = [tok(n, add_special_tokens=False)["input_ids"] for n in names]
+    assert first[0][0] == first[1][0] and not any(has_token(tok, n) for n in names)  # the case AutoMoT refused
+    cfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                    num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2,
+                    tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    save_vlm(tmp_path / "base", build_vlm(cfg), tok, cfg.patch_spec(32))
+    copies = []
+    for _ in range(2):
+        vlm, t = load_vlm(tmp_path / "base")
+        rows = vlm.get_input_embeddings().weight.detach().clone()
+        out_rows = vlm.get_output_embeddings().weight.detach().clone()
+        assert add_tokens(vlm, t, [*names, names[0]]) == names
+        ids = [t.convert_tokens_to_ids(n) for n in names]
+        assert ids == [len(tok), len(tok) + 1] and len(t) == len(tok) + 2
+        assert [t(n, add_special_tokens=False)["input_ids"] for n in names] == [[i] for i in ids]
+        emb = vlm.get_input_embeddings().weight
+        assert emb.shape[0] == len(t) and vlm.get_output_embeddings().weight.shape[0] == len(t)
+        assert torch.equal(emb[: len(tok)], rows)  # the old rows untouched
+        for n, i, pieces in zip(names, ids, first, strict=True):
+            assert torch.allclose(emb[i], rows[pieces].mean(0)), n
+            if not tie:
+                assert torch.allclose(vlm.get_output_embeddings().weight[i], out_rows[pieces].mean(0))
+        assert (vlm.get_output_embeddings().weight is emb) == tie
+        assert add_tokens(vlm, t, names) == []  # already whole: nothing changes
+        copies.append(vlm.state_dict())
+    assert copies[0].keys() == copies[1].keys()
+    assert all(torch.equal(copies[0][k], copies[1][k]) for k in copies[0])
