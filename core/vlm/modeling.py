@@ -224,18 +224,32 @@ def mm_token_type_ids(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor
     return (input_ids == image_token_id(model)).long()
 
 
+POSITIONS = ("mrope", "text")
+
+
 def vlm_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-               pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None) -> dict[str, Any]:
-    """The keyword arguments of one forward: ids, mask and, with images, the pixels, their patch grid and
-    ``mm_token_type_ids`` (so that image tokens get the 3-D multimodal positions, in every family).
+               pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+               positions: str = "mrope") -> dict[str, Any]:
+    """The keyword arguments of one forward: ids, mask and, with images, the pixels and their patch grid.
+
+    ``positions="mrope"`` (the models' own scheme) adds ``mm_token_type_ids``, so that image tokens get the 3-D
+    multimodal positions in every family. ``"text"`` leaves it out: transformers then gives the whole sequence
+    1-D text positions, which is how checkpoints made here before the 3-D positions were trained (the shipped
+    Deep-VRM detector records it in its config); nothing new should be trained that way.
 
     This is the one place the workspace builds a Qwen-VL forward's inputs; a method calls ``model(**kw)``.
     """
-    family_of(model)  # an unsupported model fails here, by name
+    family = family_of(model)  # an unsupported model fails here, by name
+    if positions not in POSITIONS:
+        raise ConfigError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if positions == "text" and family != "qwen2_5_vl":
+        raise ConfigError(f"positions='text' is a Qwen2.5-VL fallback (for checkpoints trained with it); {family} "
+                          "always uses its 3-D positions")
     kw: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
     if pixel_values is not None:
-        kw.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw,
-                  mm_token_type_ids=mm_token_type_ids(model, input_ids))
+        kw.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+        if positions == "mrope":
+            kw["mm_token_type_ids"] = mm_token_type_ids(model, input_ids)
     return kw
 
 

@@ -36,6 +36,9 @@ class DeepVRMModelConfig:
     - ``base_dtype``: the dtype the base VLM's parameters are loaded in (``core.vlm.load_vlm``: ``float32`` |
       ``bfloat16`` | ``float16`` | ``auto`` = the folder's own); ``bfloat16`` halves a 7B base's memory (pair it
       with ``trainer.precision`` bf16 autocast on a GPU).
+    - ``positions``: ``mrope`` (Qwen-VL's 3-D multimodal positions, the default) or ``text`` (1-D positions for
+      the whole sequence: how the shipped detector and its base were trained, kept so it runs as trained;
+      ``core.vlm.vlm_inputs``).
     - ``inject_layer`` (K): frozen LLM layers 0..K-1; V_a's tokens join the input of layer K.
     - ``lora_rank`` / ``lora_alpha``: LoRA on the LLM's layers >= K; ``va_lora_rank``: LoRA on V_a.
     - ``hp_gain``: gain of V_a's high-pass view.
@@ -51,6 +54,7 @@ class DeepVRMModelConfig:
     image_size: int = 64
     vlm: dict[str, Any] = field(default_factory=dict)
     base_dtype: str = "float32"
+    positions: str = "mrope"
     tokenizer_vocab: int = 1024
     pretrain_steps: int = 2000
     pretrain_batch: int = 32
@@ -67,6 +71,7 @@ class DeepVRMModelConfig:
     def __post_init__(self) -> None:
         choice("model.arm", self.arm, ARMS)
         choice("model.base_dtype", self.base_dtype, BASE_DTYPES)
+        choice("model.positions", self.positions, ("mrope", "text"))
         if self.inject_layer < 1:
             raise ConfigError(f"model.inject_layer must be >= 1, got {self.inject_layer}")
         if not 0.0 <= self.stage1_fraction <= 1.0:

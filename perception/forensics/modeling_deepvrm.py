@@ -219,7 +219,8 @@ class DeepVRM(PreTrainedModel):
         """The VLM's output on (images (B, 3, S, S) in [0, 1], one image per sequence, ids with image tokens)."""
         pv, grid = patchify(images, self.spec)
         with self._residual(images, input_ids):
-            return self.vlm(**vlm_inputs(self.vlm, input_ids, attention_mask, pv, grid), **kwargs)
+            return self.vlm(**vlm_inputs(self.vlm, input_ids, attention_mask, pv, grid,
+                                         positions=self.config.positions), **kwargs)
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = self(batch["image"], batch["input_ids"], batch["attention_mask"])

@@ -186,6 +186,17 @@ def test_vlm_inputs_give_image_tokens_3d_positions_in_every_family(tok, family):
                                position_ids=flat).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert not torch.allclose(got, text_positions, atol=1e-4)
+    # positions="text" (how the first checkpoints here were trained) is exactly Qwen2.5-VL's 1-D fallback
+    if family == "qwen2_5_vl":
+        legacy = vlm_inputs(model, ex["input_ids"], ex["attention_mask"], pv, grid, positions="text")
+        assert "mm_token_type_ids" not in legacy
+        with torch.no_grad():
+            torch.testing.assert_close(model(**legacy).logits, text_positions, atol=1e-5, rtol=0)
+    else:
+        with pytest.raises(ConfigError, match="always uses its 3-D positions"):
+            vlm_inputs(model, ex["input_ids"], ex["attention_mask"], pv, grid, positions="text")
+    with pytest.raises(ConfigError, match="positions must be one of"):
+        vlm_inputs(model, ex["input_ids"], ex["attention_mask"], pv, grid, positions="2d")
 
 
 def test_ensure_base_vlm_pretrains_once_under_a_lock_and_then_only_loads(tok, tmp_path):
