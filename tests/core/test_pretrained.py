@@ -155,8 +155,11 @@ def test_bc_eval_policy_uses_ema_weights(tmp_path):
             p.add_(0.1)
     save_checkpoint(tmp_path / "ck", model, {"method": "bc", "model": dataclasses.asdict(cfg)}, ema=ema)
 
-    class _Env:
+    class _Env:  # the spaces a Reach-style env declares (load_policy checks the policy fits them)
         action_space = gym.spaces.Box(-1, 1, (7,))
+        observation_space = gym.spaces.Dict({cfg.image_key: gym.spaces.Box(0, 255, (32, 32, 3)),
+                                             cfg.proprio_key: gym.spaces.Box(-1, 1, (9,))})
+        spec = None
 
     policy = load_policy(tmp_path / "ck", _Env())
     loaded = policy.model.state_dict()

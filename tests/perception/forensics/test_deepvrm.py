@@ -312,7 +312,7 @@ def test_shipped_detector_and_the_demo_section(tmp_path):
 
     samples = sorted((asset("samples", "deepvrm", "images")).glob("*.png"))[:2]
     size = detector.config.image_size
-    images = torch.stack([torch.from_numpy(np.asarray(read_image(p))).permute(2, 0, 1) for p in samples])
+    images = torch.stack([torch.from_numpy(np.array(read_image(p))).permute(2, 0, 1) for p in samples])
     images = torch.nn.functional.interpolate(images.float() / 255.0, size=(size, size), mode="area")
     answers = detector.generate(images, EXPLAIN_PROMPT, 20)
     assert all(len(a.split()) > 2 for a in answers), answers  # a verdict and a reason, not a bare verdict
