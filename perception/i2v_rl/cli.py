@@ -69,28 +69,14 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from core.bootstrap import prepare_process
 
     prepare_process()  # the learning stack before any render context
-    import numpy as np
 
-    from core import domain
-    from core.data.video import read_frames
     from core.resources import asset
     from perception.i2v_rl.policy import I2VPolicy
     from perception.i2v_rl.task import policy_folder
-    from sim.render.videos import make_dataset
+    from sim.render.videos import calibrate_clip_domain
 
     checkpoint = Path(checkpoint or asset("checkpoints", "tagrpo"))
     folder = policy_folder(checkpoint)
     size = I2VPolicy.from_pretrained(folder).backbone.config.frame_size
 
-    def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
-        frames = 24 if name == "train" else 1
-        root = Path(work) / f"{size}px_{name}_seed{seed}_n{n}_f{frames}"
-        if not (root / "meta.json").is_file():
-            make_dataset(root, n=n, seed=seed, size=size, test_fraction=0.0, frames=frames)
-        picks = (0, 8, 16, 23) if frames == 24 else (0,)
-        return [read_frames(clip)[i] for clip in sorted((root / "train" / "video").glob("*.mp4")) for i in picks]
-
-    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
-    return domain.calibrate(folder, load_split, sizes,
-                            f"sim.render.videos seeds 0 (frames 0 / 8 / 16 / 23 of the first {n_train} training "
-                            f"clips), 1000 and 2000 (first frames); {size} px")
+    return calibrate_clip_domain(folder, size, work, n_train, n_cal, n_heldout)

@@ -319,3 +319,28 @@ def ensure_dataset(root: str | Path, n: int, frames: int, seed: int = 0, size: i
                                    "(use another folder)")
     return meta
 
+
+
+def calibrate_clip_domain(checkpoint: str | Path, size: int, work: str | Path, n_train: int = 48, n_cal: int = 48,
+                          n_heldout: int = 48) -> dict:
+    """Fit the ``core.domain`` check of a video model trained on these clips (Flex-Forcing, TAGRPO).
+
+    The training sample is frames 0, 8, 16 and 23 of the first ``n_train`` clips of the training data (seed 0,
+    ``size`` px, 24 frames); the calibration and held-out splits are the first frames of clips of seeds 1000 and
+    2000. Clips are rendered once into ``work``. Returns the ``domain_check`` card entry.
+    """
+    from core import domain
+    from core.data.video import read_frames
+
+    def load_split(name: str, seed: int, n: int) -> list[np.ndarray]:
+        frames = 24 if name == "train" else 1
+        root = Path(work) / f"{size}px_{name}_seed{seed}_n{n}_f{frames}"
+        if not (root / "meta.json").is_file():
+            make_dataset(root, n=n, seed=seed, size=size, test_fraction=0.0, frames=frames)
+        picks = (0, 8, 16, 23) if frames == 24 else (0,)
+        return [read_frames(clip)[i] for clip in sorted((root / "train" / "video").glob("*.mp4")) for i in picks]
+
+    sizes = {"train": (0, n_train), "calibration": (1000, n_cal), "heldout": (2000, n_heldout)}
+    return domain.calibrate(Path(checkpoint), load_split, sizes,
+                            f"sim.render.videos seeds 0 (frames 0 / 8 / 16 / 23 of the first {n_train} training "
+                            f"clips), 1000 and 2000 (first frames); {size} px")
