@@ -1,6 +1,7 @@
-"""Vision-language models through ``transformers``: tiny configs of the Qwen-VL classes, local-folder loading,
-saving, and the few generic operations a method needs (the parts of the model, answer log-probabilities, greedy
-answers).
+"""Vision-language models through ``transformers``, and the few generic operations a method needs.
+
+Tiny configs of the Qwen-VL classes, local-folder loading and saving, the parts of the model, answer
+log-probabilities and greedy answers.
 
 Two reference families, the classes users have weights for:
 
@@ -166,6 +167,7 @@ class VLMConfig:
         return cfg
 
     def patch_spec(self, image_size: int) -> PatchSpec:
+        """How images of ``image_size`` px are patched for this model."""
         return PatchSpec(image_size=image_size, patch_size=self.patch_size, merge_size=self.merge_size,
                          temporal_patch_size=self.temporal_patch_size)
 
@@ -177,6 +179,7 @@ def build_vlm(cfg: VLMConfig) -> nn.Module:
 
 
 def family_of(model: nn.Module) -> str:
+    """The model's family (``qwen2_5_vl`` | ``qwen3_vl``); any other model is a one-line ``ConfigError``."""
     kind = getattr(model.config, "model_type", "")
     if kind in FAMILIES:
         return kind
@@ -190,6 +193,7 @@ def vision_tower(model: nn.Module) -> nn.Module:
 
 
 def language_model(model: nn.Module) -> nn.Module:
+    """The decoder stack (embeddings, layers, norm) of a Qwen-VL model."""
     return model.model.language_model
 
 
@@ -199,6 +203,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def image_token_id(model: nn.Module) -> int:
+    """The id of the placeholder token that stands for one merged image patch."""
     return int(model.config.image_token_id)
 
 
@@ -254,6 +259,7 @@ def vlm_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (all, or those with ``requires_grad``)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -283,8 +289,11 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 # -- folders -----------------------------------------------------------------------------------------------------
 def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSpec | None = None,
              extra_files: dict[str, str] | None = None) -> Path:
-    """Write ``model`` + ``tokenizer`` (+ the image processor) as one ``from_pretrained`` folder, atomically
-    (a temporary sibling renamed into place; a previous folder is replaced only once the new one is complete)."""
+    """Write ``model`` + ``tokenizer`` (+ the image processor) as one ``from_pretrained`` folder, atomically.
+
+    The folder is written as a temporary sibling renamed into place; a previous folder is replaced only once the
+    new one is complete.
+    """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
@@ -312,8 +321,10 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
-    """A ``load_vlm`` dtype: a ``torch.dtype``, one of ``DTYPES`` by name, or None (float32); ``"auto"`` is kept
-    (the folder's own ``config.json`` dtype)."""
+    """A ``load_vlm`` dtype: a ``torch.dtype``, one of ``DTYPES`` by name, or None (float32).
+
+    ``"auto"`` is kept (the folder's own ``config.json`` dtype).
+    """
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
@@ -414,4 +425,5 @@ def patch_spec_of(model: nn.Module, image_size: int) -> PatchSpec:
 
 
 def config_dict(cfg: VLMConfig) -> dict[str, Any]:
+    """``cfg`` as a plain dict (what model cards and pretraining records store)."""
     return asdict(cfg)

@@ -39,8 +39,10 @@ PRETRAINING_FILE = "pretraining.json"
 
 
 def is_workspace_base(folder: str | Path) -> bool:
-    """Whether ``folder`` is a base VLM this workspace pretrained (it holds ``pretraining.json``): the only kind of
-    base a method may cache files in; a user's folder is read-only."""
+    """Whether ``folder`` is a base VLM this workspace pretrained (it holds ``pretraining.json``).
+
+    That is the only kind of base a method may cache files in; a user's folder is read-only.
+    """
     return (Path(folder) / PRETRAINING_FILE).is_file()
 
 
@@ -56,6 +58,7 @@ class ImageQAModel(nn.Module):
         self.vlm, self.spec = vlm, spec
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The next-token loss on the answer tokens (image-QA or text-only batches)."""
         if "pixel_values" in batch:
             pv, grid = batch["pixel_values"], batch["image_grid_thw"]
         else:

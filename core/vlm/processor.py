@@ -53,6 +53,7 @@ class PatchSpec:
 
     @property
     def patch_dim(self) -> int:
+        """Values per patch: channels x temporal patch x patch area."""
         return 3 * self.temporal_patch_size * self.patch_size ** 2
 
 

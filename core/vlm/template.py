@@ -27,7 +27,8 @@ def prompt_text(question: str, n_image_tokens: int, system: str | None = None, n
     """The prompt up to and including the assistant header (what generation starts from).
 
     ``n_image_tokens`` is per image; ``n_images`` vision blocks are placed before the question (e.g. a few past
-    camera frames, oldest first)."""
+    camera frames, oldest first).
+    """
     if n_images < 0:
         raise ValueError(f"n_images must be >= 0, got {n_images}")
     head = f"{IM_START}system\n{system}{IM_END}\n" if system else ""
