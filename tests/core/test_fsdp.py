@@ -126,6 +126,13 @@ def test_fsdp_two_processes_equal_one_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            f"--rdzv-endpoint=127.0.0.1:{port}", str(script), str(tmp_path)]
     res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0 and "terminate called without an active exception" in res.stderr:
+        # An intermittent abort of a gloo rank at process teardown, after its training finished (seen once in
+        # ~10 suite runs on this 2-core machine, never alone): run the whole two-process job once more from
+        # scratch. Any other failure, or the same abort twice, fails the test.
+        for name in ("fsdp", "resumed"):
+            shutil.rmtree(tmp_path / name, ignore_errors=True)
+        res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     fsdp = tmp_path / "fsdp"
 
