@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import yaml
 
 from embodied.cli import EXIT_BAD_INPUT, main
+from tests.perception.forensics.test_deepvrm import _write_layout
 
 
 def _printed(capsys, argv: list[str]) -> dict:
@@ -40,27 +40,12 @@ def test_paper_config_loads_in_the_dtype_asked_for(capsys):
     assert "model.base_dtype must be one of" in capsys.readouterr().err
 
 
-def _layout(root, size, n=3, seed=0):
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for gen in ("blur", "box"):
-        for split in ("train", "val"):
-            for cls in ("nature", "ai"):
-                (root / gen / split / cls).mkdir(parents=True)
-                for i in range(n):
-                    img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-                    if cls == "ai":
-                        img = np.asarray(Image.fromarray(img).resize((size // 2,) * 2).resize((size,) * 2))
-                    Image.fromarray(img).save(root / gen / split / cls / f"{i}.png")
-
-
 @pytest.mark.timeout(600)
 def test_tiny_run_reads_its_data_at_the_models_size(tmp_path, capsys):
     """Files on disk at 40 px, model at 32 px, no data.size given: the run trains on 32 px images (what the
     model takes); an explicit data.size that disagrees is refused in one line before anything is built."""
     data = tmp_path / "gi"
-    _layout(data, size=40)
+    _write_layout(data, n=3, size=40)
     common = ["debug=tiny", "model=deepvrm_tiny", f"data.root={data}", "data.generators=[blur,box]",
               "data.stage1=[blur]", "data.stage2=[]", "data.holdout=box", "data.qa_train=4", "data.qa_test=2",
               f"data.qa_root={tmp_path / 'qa'}", f"model.base_path={tmp_path / 'base'}", "trainer.max_steps=2",
