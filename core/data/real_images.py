@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +68,7 @@ def read_video_frames(path: str | os.PathLike, indices: Sequence[int]) -> np.nda
     """
     import imageio_ffmpeg
 
-    from core.data.video import probe_video
+    from core.data.video import probe_video, run_ffmpeg
 
     path = Path(path)
     wanted = sorted({int(i) for i in indices})
@@ -79,19 +78,13 @@ def read_video_frames(path: str | os.PathLike, indices: Sequence[int]) -> np.nda
     if not wanted:
         return np.zeros((0, h, w, 3), np.uint8)
     select = "+".join(f"eq(n\\,{i})" for i in wanted)
-    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-nostdin", "-i", str(path), "-map", "0:v:0",
-           "-vf", f"select={select}", "-fps_mode", "passthrough", "-pix_fmt", "rgb24", "-f", "rawvideo", "-"]
-    try:
-        run = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, check=False)
-    except OSError as e:
-        raise DataError(path, f"cannot decode video ({e})") from None
-    if run.returncode != 0:
-        lines = run.stderr.decode(errors="replace").strip().splitlines()
-        raise DataError(path, f"cannot decode video ({lines[-1] if lines else f'ffmpeg exit {run.returncode}'})")
-    got = len(run.stdout) // (h * w * 3)
+    stdout = run_ffmpeg([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-nostdin", "-i", str(path),
+                         "-map", "0:v:0", "-vf", f"select={select}", "-fps_mode", "passthrough", "-pix_fmt", "rgb24",
+                         "-f", "rawvideo", "-"], path)
+    got = len(stdout) // (h * w * 3)
     if got < len(wanted):
         raise DataError(path, f"frame {wanted[got]} does not decode (only {got} of the {len(wanted)} asked for)")
-    frames = np.frombuffer(run.stdout, np.uint8, len(wanted) * h * w * 3).reshape(len(wanted), h, w, 3)
+    frames = np.frombuffer(stdout, np.uint8, len(wanted) * h * w * 3).reshape(len(wanted), h, w, 3)
     at = {i: k for k, i in enumerate(wanted)}
     return frames[[at[int(i)] for i in indices]]
 
@@ -179,7 +172,7 @@ def _sources(pool: RealImagePool, split: str) -> tuple[tuple[Source, np.ndarray]
         pass
     for file in pool.opencv_photos:
         try:
-            photos[Path(file).stem] = _read_photo(samples.opencv_sample(file))
+            photos[Path(file).stem] = samples.read_rgb(samples.opencv_sample(file))
         except DataError:
             continue
     out += [(Source("photo", name), img) for name, img in sorted(photos.items())
@@ -208,17 +201,6 @@ def _sources(pool: RealImagePool, split: str) -> tuple[tuple[Source, np.ndarray]
     for _, img in out:
         img.setflags(write=False)  # shared by every caller of the cache
     return tuple(out)
-
-
-def _read_photo(path: Path) -> np.ndarray:
-    """A photo file as (H, W, 3) uint8 RGB (Pillow's ``convert("RGB")``: alpha dropped, as stored)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB")).copy()
-    except OSError as e:
-        raise DataError(path, f"cannot decode image ({e})") from None
 
 
 def crop_square(img: np.ndarray, y: int, x: int, side: int, size: int, flip: bool = False) -> np.ndarray:

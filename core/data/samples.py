@@ -66,7 +66,8 @@ def _existing(path: Path, reason: str) -> Path:
     raise DataError(path, reason)
 
 
-def _read_rgb(path: Path) -> np.ndarray:
+def read_rgb(path: Path) -> np.ndarray:
+    """A photo file as (H, W, 3) uint8 RGB (Pillow's ``convert("RGB")``: alpha dropped, as stored)."""
     from PIL import Image
 
     try:
@@ -85,7 +86,7 @@ def skimage_photo(name: str) -> np.ndarray:
     folder = _package_dir("skimage", f"skimage.data.{name}", "scikit-image") / "data"
     for ext in (".png", ".jpg"):
         if (folder / f"{name}{ext}").is_file():
-            return _read_rgb(folder / f"{name}{ext}")
+            return read_rgb(folder / f"{name}{ext}")
     raise DataError(
         folder / name, f"no such photo in scikit-image's data (known: {', '.join(SKIMAGE_PHOTOS)})"
     )
@@ -100,7 +101,7 @@ def grace_hopper_path() -> Path:
 
 def grace_hopper() -> np.ndarray:
     """The Grace Hopper photo of matplotlib: (600, 512, 3) uint8 RGB."""
-    return _read_rgb(grace_hopper_path())
+    return read_rgb(grace_hopper_path())
 
 
 def real_photos() -> dict[str, np.ndarray]:

@@ -144,7 +144,19 @@ def _read_clip(path: Path, start: int, count: int, fps: float, size: tuple[int, 
 
     seek = ["-ss", f"{(start - 0.5) / fps:.6f}"] if start > 0 else []
     out = ["-pix_fmt", "rgb24", "-vcodec", "rawvideo", "-f", "image2pipe", "-frames:v", str(count), "-"]
-    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", *seek, "-i", str(path), *out]
+    stdout = run_ffmpeg([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", *seek, "-i", str(path), *out], path)
+    h, w = size
+    n = len(stdout) // (h * w * 3)
+    if n < count:
+        raise DataError(path, f"wanted frames {start}..{start + count - 1}, decoded only {n}")
+    return np.frombuffer(stdout, np.uint8, count * h * w * 3).reshape(count, h, w, 3)
+
+
+def run_ffmpeg(cmd: list[str], path: str | Path) -> bytes:
+    """Run an ffmpeg command line that decodes ``path`` to stdout; its raw output bytes.
+
+    A failure is the one-line ``DataError`` naming ``path`` with ffmpeg's last error line.
+    """
     try:
         run = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, check=False)
     except OSError as e:
@@ -153,11 +165,7 @@ def _read_clip(path: Path, start: int, count: int, fps: float, size: tuple[int, 
         lines = run.stderr.decode(errors="replace").strip().splitlines()
         reason = lines[-1] if lines else f"ffmpeg exit code {run.returncode}"
         raise DataError(path, f"cannot decode video ({reason})")
-    h, w = size
-    n = len(run.stdout) // (h * w * 3)
-    if n < count:
-        raise DataError(path, f"wanted frames {start}..{start + count - 1}, decoded only {n}")
-    return np.frombuffer(run.stdout, np.uint8, count * h * w * 3).reshape(count, h, w, 3)
+    return run.stdout
 
 
 def _retry(fn, attempts: int = 3):
