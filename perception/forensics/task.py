@@ -314,7 +314,8 @@ def _configs(cfg) -> tuple[DeepVRMModelConfig, DeepVRMDataConfig, TrainerConfig]
 def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=None, tok=None) -> dict[str, Any]:
     """The base VLM's own ``qa_exact_match`` (general ability before forensic training); the base is loaded from
     ``model.base_path`` only when no (vlm, tok) is given and no cache answers. Cached next to the base only when
-    this workspace pretrained it (``core.vlm.is_workspace_base``): a user's base folder is never written."""
+    this workspace pretrained it (``core.vlm.is_workspace_base``) and it is not a shipped asset: a user's base
+    folder and ``assets/`` are never written."""
     from core.vlm import is_workspace_base, load_vlm
     from perception.forensics.modeling_deepvrm import DeepVRM
 
@@ -330,7 +331,10 @@ def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=Non
     plain = DeepVRM(dataclasses.replace(model_cfg, arm="full"), base=(vlm, tok)).eval()
     records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
     qa = qa_exact_match(plain, records, data.eval_batch)
-    if is_workspace_base(model_cfg.base_path):
+    from core.resources import resource_dir
+
+    shipped = resource_dir("assets").resolve() in Path(model_cfg.base_path).resolve().parents
+    if is_workspace_base(model_cfg.base_path) and not shipped:  # shipped assets are read-only too
         try:
             write_json(path, {"key": key, "qa_exact_match": qa})
         except OSError as e:  # a read-only copy: just not cached

@@ -320,3 +320,20 @@ def test_shipped_detector_and_the_demo_section(tmp_path):
     assert section.figures["samples"] >= 8
     assert section.figures["sample_accuracy"] >= 0.6  # trained families are detected (see the recorded table)
     assert "Recorded comparison" in section.body
+
+
+def test_base_qa_eval_never_caches_into_the_shipped_base(monkeypatch):
+    """The shipped detector's base is a workspace base (it has pretraining.json) but a shipped asset: evaluating
+    against it must not write qa_eval.json into assets/."""
+    import perception.forensics.task as task
+    from core.pretrained import read_config
+    from core.resources import asset
+    from perception.forensics.configuration_deepvrm import DeepVRMDataConfig, DeepVRMModelConfig
+
+    folder = asset("checkpoints", "deepvrm")
+    model_cfg = DeepVRMModelConfig(**{**read_config(folder)["model"], "base_path": str(folder / "base")})
+    monkeypatch.setattr(task, "qa_sets", lambda *a, **k: {"test": []})
+    monkeypatch.setattr(task, "qa_exact_match", lambda *a, **k: {"overall": 0.5})
+    before = sorted(p.name for p in (folder / "base").iterdir())
+    assert task.base_qa_eval(model_cfg, DeepVRMDataConfig()) == {"overall": 0.5}
+    assert sorted(p.name for p in (folder / "base").iterdir()) == before and task.QA_EVAL_FILE not in before
