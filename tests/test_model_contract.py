@@ -55,6 +55,9 @@ def _tree_digest(folder: Path) -> str:
 
 def test_method_list_is_not_empty():
     assert len(METHODS) >= 1
+    # every registered method is in the contract: it declares its model class and its example
+    missing = [s.name for s in method_specs() if not (s.model and s.example)]
+    assert not missing, f"methods without model= / example= in register_method: {missing}"
 
 
 @pytest.mark.parametrize("example", METHODS, indirect=True)
