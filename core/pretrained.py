@@ -322,6 +322,32 @@ class PreTrainedModel(nn.Module):
         """Number of parameters (all, or those with ``requires_grad``)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
+    # -- scaling ----------------------------------------------------------------------------------
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The blocks whose activations gradient checkpointing recomputes in backward.
+
+        Default: every element of the model's outermost ``nn.ModuleList``s (``core.layers.checkpointing
+        .block_units``, the same blocks the trainer shards under FSDP); a model without one recomputes each of
+        its top-level submodules. Override when the blocks live elsewhere;
+        a model wrapping a diffusers / transformers base may instead override ``enable_gradient_checkpointing``
+        to call the base's own switch.
+        """
+        from core.layers.checkpointing import block_units
+
+        units = [m for _, m in block_units(self)]
+        # no block list (a small MLP / conv net): its top-level parts, each recomputed as a whole
+        return units or [m for m in self.children() if next(m.parameters(), None) is not None]
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute ``checkpoint_units()``' activations in backward instead of storing them (training only).
+
+        Gradients are unchanged (dropout's RNG is replayed); parameter names are unchanged. ``trainer.
+        gradient_checkpointing=true`` calls this. Raises ``ValueError`` when the model has no units.
+        """
+        from core.layers.checkpointing import checkpoint_modules
+
+        checkpoint_modules(self.checkpoint_units())
+
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint / exported folder, with a one-line error when missing or corrupt."""

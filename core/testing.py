@@ -411,6 +411,34 @@ class ModelChecks:
         assert not missing, f"no gradient reaches {len(missing)} trainable parameters: {missing[:10]}"
         assert not bad, f"non-finite gradient in {len(bad)} parameters: {bad[:10]}"
 
+    def test_gradient_checkpointing(self):
+        """``enable_gradient_checkpointing()`` gives the same loss and gradients, and saves fewer activations.
+
+        The second property is what makes the switch worth having: the bytes autograd keeps outside the
+        checkpointed blocks (counted with ``saved_tensors_hooks``) must drop, so a switch that does nothing fails.
+        """
+        torch.manual_seed(0)
+        plain = self.make_model().train()
+        torch.manual_seed(0)
+        ckpt = self.make_model().train()
+        assert hasattr(ckpt, "enable_gradient_checkpointing"), f"{type(ckpt).__name__} has no gradient checkpointing"
+        ckpt.enable_gradient_checkpointing()
+        losses, saved = {}, {}
+        for name, model in (("plain", plain), ("checkpointed", ckpt)):
+            torch.manual_seed(1)
+            losses[name], saved[name] = _loss_and_saved_bytes(lambda m=model: self.training_loss(m))
+            losses[name].backward()
+        torch.testing.assert_close(losses["checkpointed"], losses["plain"], rtol=0, atol=0)
+        grads = dict(plain.named_parameters())
+        for name, p in ckpt.named_parameters():
+            g_ref = grads[name].grad
+            if g_ref is None or p.grad is None:
+                assert g_ref is None and p.grad is None, f"{name}: a gradient in only one of the two runs"
+                continue
+            torch.testing.assert_close(p.grad, g_ref, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        assert saved["checkpointed"] < saved["plain"], \
+            f"checkpointing kept as many activations ({saved['checkpointed']} vs {saved['plain']} bytes)"
+
     def test_forward_does_not_mutate_batch(self):
         """The forward leaves every tensor of the batch unchanged."""
         torch.manual_seed(0)
@@ -432,6 +460,20 @@ class ModelChecks:
         assert all(torch.isfinite(o).all() for o in outs if o.is_floating_point())
 
 
+def _loss_and_saved_bytes(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """``fn()`` and the bytes autograd saved for backward meanwhile (outside checkpointed regions)."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn()
+    return loss, total
+
+
 class _ExampleChecks(ModelChecks):
     example: ModelExample
 
@@ -448,6 +490,74 @@ class _ExampleChecks(ModelChecks):
         return self.example.run(model, batch) if self.example.run else model(**batch)
 
 
+def fsdp_gradient_report(methods: list[str], workdir: str | Path, checkpointing: bool = True
+                         ) -> dict[str, dict[str, Any]]:
+    """Per method: does one training step under FSDP2 over the launched processes give one process's gradients?
+
+    Run by every rank of a ``torchrun`` job (gloo on CPU). Each rank builds the method's ``ModelExample`` from
+    the same seed, computes the plain single-process gradients of ``training_step`` on the example's training
+    batch, then builds it again, enables gradient checkpointing (as ``trainer=fsdp`` does), shards it with the
+    trainer's own ``core.trainer.shard_fsdp`` and repeats the step with the same batch and RNG. Every rank sees
+    the same batch, so the reduced (averaged) sharded gradients must equal the plain ones; they are gathered
+    with ``full_tensor()`` and compared. Returns ``{method: {"ok", "max_abs_diff", "max_ref", "params",
+    "error"}}`` (on every rank).
+    """
+    import traceback
+
+    from torch.distributed.tensor import DTensor
+
+    from core import distributed as D
+    from core.trainer import StepModule, seed_everything, shard_fsdp
+
+    device = torch.device("cpu")
+    dist = D.init_distributed(device, need_group=True)
+    report: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        try:
+            folder = Path(workdir) / method
+            examples = []
+            for turn in range(dist.world_size):  # one rank at a time: an example may write a tiny base once
+                if turn == dist.rank:
+                    examples.append(example_of(method, folder))
+                D.barrier()
+            example = examples[0]
+            checks = example_checks(example)
+
+            seed_everything(0)
+            plain = example.build().train()
+            assert hasattr(plain, "training_step"), f"{type(plain).__name__} has no training_step"
+            seed_everything(1)
+            plain.training_step(checks.make_train_batch())["loss"].backward()
+            ref = {n: p.grad.detach().clone() for n, p in plain.named_parameters() if p.grad is not None}
+
+            seed_everything(0)
+            model = example.build().train()
+            if checkpointing:
+                model.enable_gradient_checkpointing()
+            step = StepModule(model)
+            shard_fsdp(step, model, device, dist.world_size)
+            seed_everything(1)
+            step(checks.make_train_batch())["loss"].backward()
+            got = {}
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                    got[n] = g.detach()
+            if sorted(got) != sorted(ref):
+                raise AssertionError(f"gradients for {len(got)} parameters under FSDP, {len(ref)} in one process: "
+                                     f"{sorted(set(got) ^ set(ref))[:5]}")
+            diffs = [(got[n] - ref[n]).abs().max().item() for n in ref]
+            scale = max((ref[n].abs().max().item() for n in ref), default=0.0)
+            worst = max(diffs, default=0.0)
+            report[method] = {"ok": bool(worst <= 1e-5 * max(scale, 1.0) + 1e-6), "max_abs_diff": worst,
+                              "max_ref": scale, "params": len(ref), "error": None}
+        except Exception as e:  # noqa: BLE001 — one method's failure is its row, the others still run
+            report[method] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                              "trace": traceback.format_exc()[-2000:]}
+        D.barrier()
+    return report
+
+
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -457,11 +567,29 @@ def _main(argv: list[str] | None = None) -> int:
     g.add_argument("methods", nargs="+", metavar="METHOD", help="registered method names, or 'all'")
     g.add_argument("--why", required=True, help="why the output may change (logged in CHANGES.md)")
     g.add_argument("--dir", default=None, help="golden folder (default $EMBODIED_GOLDEN_DIR or tests/golden)")
+    f = sub.add_parser("fsdp", help="(under torchrun) each method's FSDP2 training step vs one process; JSON")
+    f.add_argument("methods", nargs="+", metavar="METHOD", help="registered method names, or 'all'")
+    f.add_argument("--workdir", required=True, help="scratch folder for the examples' tiny bases")
+    f.add_argument("--out", required=True, help="JSON report (written by rank 0)")
+    f.add_argument("--no-checkpointing", action="store_true", help="shard without gradient checkpointing")
     args = p.parse_args(argv)
     from core.registry import load_plugins, method_specs
 
     load_plugins()
     names = [s.name for s in method_specs() if s.example] if args.methods == ["all"] else args.methods
+    if args.cmd == "fsdp":
+        import json
+        import os
+
+        from core import distributed as D
+        from core.io import write_json
+
+        report = fsdp_gradient_report(names, args.workdir, checkpointing=not args.no_checkpointing)
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_json(args.out, report)
+            print(json.dumps({k: {kk: v for kk, v in r.items() if kk != "trace"} for k, r in report.items()}))
+        D.cleanup()
+        return 0
     for name in names:
         print(write_golden(name, args.why, args.dir))
     return 0

@@ -46,6 +46,7 @@ from core.config import TrainerConfig
 from core.data.device import BatchTransform, DeviceLoader
 from core.data.samplers import ResumableDistributedSampler
 from core.errors import CheckpointError, ConfigError, EmbodiedError
+from core.layers.checkpointing import block_units, checkpoint_modules
 from core.logging import MetricsLogger, get_logger, progress
 
 log = get_logger("embodied.trainer")
@@ -124,7 +125,7 @@ class _StopRequest:
         self._previous.clear()
 
 
-class _StepModule(nn.Module):
+class StepModule(nn.Module):
     """What DDP wraps: its forward is the model's ``training_step`` so DDP's hooks see every step."""
 
     def __init__(self, model: nn.Module):
@@ -132,6 +133,7 @@ class _StepModule(nn.Module):
         self.model = model
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``model.training_step(batch)``."""
         return self.model.training_step(batch)
 
 
@@ -169,13 +171,33 @@ def fsdp_units(model: nn.Module, wrap: Sequence[str] | None = None) -> list[nn.M
         if len(named) != len(chosen - {id(model)}):
             raise ConfigError(f"{type(model).__name__}.fsdp_units() returned modules that are not its submodules")
     else:
-        named = []
-        for n, m in model.named_modules():  # pre-order: an outer ModuleList is met before any inner one
-            inside = any(n.startswith(u + ".") for u, _ in named)
-            if isinstance(m, nn.ModuleList) and not inside:
-                named.extend((f"{n}.{k}", c) for k, c in m.named_children())
+        named = block_units(model)  # the same blocks gradient checkpointing recomputes
     named = [(n, m) for n, m in named if next(m.parameters(), None) is not None]
     return [m for _, m in sorted(named, key=lambda nm: -nm[0].count("."))]
+
+
+def shard_fsdp(step_module: nn.Module, model: nn.Module, device: torch.device, world_size: int,
+               param_dtype: torch.dtype | None = None, wrap: Sequence[str] | None = None,
+               reshard_after_forward: bool = True) -> None:
+    """FSDP2: ``fully_shard`` every unit of ``model`` (``fsdp_units``), then ``step_module`` as the root.
+
+    The root is the step module (which calls ``model.training_step``) rather than the model, so that its
+    pre-forward hook (which gathers the root's parameters) runs around the whole ``training_step``, not only
+    around ``model.forward``. ``param_dtype`` (bf16) gathers weights in that dtype and reduces gradients in
+    fp32. The contract test's FSDP check shards every method's example with this same function.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype is not None \
+        else MixedPrecisionPolicy()
+    for unit in fsdp_units(model, wrap):
+        fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # The batch reaches training_step as the loader made it (targets keep their dtype); autocast sets the
+    # compute dtype as under the other strategies.
+    root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, cast_forward_inputs=False)
+    fully_shard(step_module, mesh=mesh, mp_policy=root_mp)
 
 
 def _optim_state_indexed(named: dict[str, Any]) -> dict[str, Any]:
@@ -353,10 +375,8 @@ class Trainer:
         # Under FSDP the model stays where it is until fully_shard moves each rank's shard to the device.
         self.model = model if self.strategy == "fsdp" else model.to(self.device)
         if cfg.gradient_checkpointing:
-            if not hasattr(model, "enable_gradient_checkpointing"):
-                raise ConfigError(f"{type(model).__name__} does not support gradient checkpointing")
-            model.enable_gradient_checkpointing()
-        self.step_module: nn.Module = _StepModule(self.model)
+            self._enable_checkpointing(model)
+        self.step_module: nn.Module = StepModule(self.model)
         if self.strategy == "ddp":
             self.step_module = nn.parallel.DistributedDataParallel(
                 self.step_module,
@@ -399,27 +419,21 @@ class Trainer:
         self.micro_step = 0  # micro-batches consumed in total
 
     # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _enable_checkpointing(model: nn.Module) -> None:
+        """The model's own ``enable_gradient_checkpointing``, else its ``block_units`` (a plain module)."""
+        try:
+            if hasattr(model, "enable_gradient_checkpointing"):
+                model.enable_gradient_checkpointing()
+            else:
+                checkpoint_modules(m for _, m in block_units(model))
+        except ValueError as e:
+            raise ConfigError(f"trainer.gradient_checkpointing: {type(model).__name__}: {e}") from None
+
     def _shard(self) -> None:
-        """FSDP2: ``fully_shard`` every unit, then the step module as the root, which owns the rest.
-
-        The root is the step module rather than the model so that its pre-forward hook (which gathers the
-        root's parameters) runs around the whole ``training_step``, not only around ``model.forward``.
-        """
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = init_device_mesh(self.device.type, (self.dist.world_size,))
-        if self.autocast_dtype is not None:
-            mp = MixedPrecisionPolicy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32)
-        else:
-            mp = MixedPrecisionPolicy()
-        for unit in fsdp_units(self.model, self.cfg.fsdp_wrap):
-            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
-        # The batch reaches training_step as the loader made it (targets keep their dtype); autocast sets
-        # the compute dtype as under the other strategies.
-        root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                                       cast_forward_inputs=False)
-        fully_shard(self.step_module, mesh=mesh, mp_policy=root_mp)
+        """FSDP2 over all processes (``shard_fsdp``) with the trainer's precision and wrap settings."""
+        shard_fsdp(self.step_module, self.model, self.device, self.dist.world_size, self.autocast_dtype,
+                   wrap=self.cfg.fsdp_wrap, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights.

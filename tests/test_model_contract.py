@@ -7,6 +7,8 @@ tiny model and a fixed input (``core.testing.ModelExample``). For every method t
 * ``ModelChecks``: determinism, gradient flow, save -> load bit-exactness (checkpoint and export), the bf16 round
   trip, finite outputs, the batch left unchanged;
 * a model around a base folder (``base_fields``) references it without writing to it;
+* gradient checkpointing gives the same gradients with fewer saved activations, and one training step under
+  FSDP2 on 2 gloo processes gives one process's gradients (one torchrun job for all methods);
 * the output on the fixed input equals the committed golden file ``tests/golden/<method>.safetensors``
   (regenerate: ``python -m core.testing golden METHOD --why "..."``; see tests/golden/README.md).
 
@@ -27,7 +29,8 @@ from core.testing import check_golden, example_checks, example_of
 load_plugins()
 METHODS = [s.name for s in method_specs()]
 CHECKS = ("save_load_bit_exact", "save_pretrained_from_pretrained_same_output", "dtype_round_trip",
-          "deterministic_eval", "gradient_flow", "forward_does_not_mutate_batch", "outputs_finite")
+          "deterministic_eval", "gradient_flow", "gradient_checkpointing", "forward_does_not_mutate_batch",
+          "outputs_finite")
 
 _examples: dict[str, object] = {}
 
@@ -133,3 +136,47 @@ def test_base_folders_referenced_not_written(example, tmp_path):
 def test_golden_output(example):
     method, ex = example
     check_golden(method, ex)
+
+
+_FSDP_REPORT: dict[str, dict] = {}
+
+
+def _fsdp_report(request, tmp_path_factory) -> dict[str, dict]:
+    """The FSDP2 check (``python -m core.testing fsdp``) of every method selected in this session, from one
+    2-process gloo job run once (``-k outside_toy`` shards only that method)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    if not _FSDP_REPORT:
+        selected = [it.callspec.params["method"] for it in request.session.items
+                    if getattr(it, "originalname", "") == "test_fsdp_step_equals_one_process"]
+        work = tmp_path_factory.mktemp("fsdp_contract")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        repo = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "core.testing", "fsdp", *selected,
+               "--workdir", str(work / "examples"), "--out", str(work / "report.json")]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        report = work / "report.json"
+        # the report is written before teardown, so a gloo abort at process exit does not hide it
+        assert report.is_file(), f"the FSDP job wrote no report (exit {res.returncode}):\n{res.stderr[-3000:]}"
+        _FSDP_REPORT.update(json.loads(report.read_text()))
+    return _FSDP_REPORT
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fsdp_step_equals_one_process(method, request, tmp_path_factory):
+    """One training step of the method's example under FSDP2 on 2 gloo processes (gradient checkpointing on, as
+    ``trainer=fsdp`` sets it; sharded with the trainer's own ``shard_fsdp``) gives one process's gradients."""
+    row = _fsdp_report(request, tmp_path_factory).get(method)
+    assert row is not None, f"{method}: missing from the FSDP report"
+    assert row["error"] is None, f"{method} under FSDP: {row['error']}\n{row.get('trace', '')}"
+    assert row["params"] > 0 and row["ok"], \
+        f"{method}: sharded gradients differ by {row['max_abs_diff']:.3g} (largest gradient {row['max_ref']:.3g})"

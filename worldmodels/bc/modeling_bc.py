@@ -118,6 +118,10 @@ class BCPolicyModel(PreTrainedModel):
         out = self.head(self._features(image, proprio))
         return out.view(-1, self.config.horizon, self.config.action_dim)
 
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The conv blocks of the image encoder (where the activations are)."""
+        return list(self.encoder)
+
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """L1 between predicted and demonstrated chunks in normalised units, ignoring padded steps."""
         c = self.config
