@@ -439,6 +439,33 @@ class ModelChecks:
         assert saved["checkpointed"] < saved["plain"], \
             f"checkpointing kept as many activations ({saved['checkpointed']} vs {saved['plain']} bytes)"
 
+    def test_bf16_autocast_step(self):
+        """A training step under bf16 autocast (``trainer.precision=bf16``) runs and agrees with fp32.
+
+        Catches the usual mixed-precision faults (a buffer or an einsum operand left in fp32 against bf16
+        activations, a dtype-pinned ``torch.zeros``); the agreement bounds are loose because bf16 has 8 bits of
+        mantissa: loss within 5 %, gradient direction (cosine over all parameters) above 0.95.
+        """
+        grads, losses = {}, {}
+        for name, ctx in (("fp32", None), ("bf16", torch.autocast("cpu", dtype=torch.bfloat16))):
+            torch.manual_seed(0)
+            model = self.make_model().train()
+            torch.manual_seed(1)
+            if ctx is None:
+                loss = self.training_loss(model)
+            else:
+                with ctx:
+                    loss = self.training_loss(model)
+            assert torch.isfinite(loss), f"{name}: the training loss is {loss}"
+            loss.float().backward()
+            losses[name] = loss.detach().float()
+            grads[name] = torch.cat([p.grad.flatten().float() for _, p in sorted(model.named_parameters())
+                                     if p.grad is not None])
+        assert torch.isfinite(grads["bf16"]).all(), "non-finite gradients under bf16 autocast"
+        assert (losses["bf16"] - losses["fp32"]).abs() <= 0.05 * losses["fp32"].abs() + 1e-3, losses
+        cos = torch.nn.functional.cosine_similarity(grads["bf16"], grads["fp32"], dim=0)
+        assert cos > 0.95, f"bf16 gradients point elsewhere (cosine {cos:.3f} to fp32)"
+
     def test_forward_does_not_mutate_batch(self):
         """The forward leaves every tensor of the batch unchanged."""
         torch.manual_seed(0)

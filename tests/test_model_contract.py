@@ -7,7 +7,7 @@ tiny model and a fixed input (``core.testing.ModelExample``). For every method t
 * ``ModelChecks``: determinism, gradient flow, save -> load bit-exactness (checkpoint and export), the bf16 round
   trip, finite outputs, the batch left unchanged;
 * a model around a base folder (``base_fields``) references it without writing to it;
-* gradient checkpointing gives the same gradients with fewer saved activations, and one training step under
+* a bf16-autocast training step agrees with fp32; gradient checkpointing gives the same gradients with fewer saved activations, and one training step under
   FSDP2 on 2 gloo processes gives one process's gradients (one torchrun job for all methods);
 * the output on the fixed input equals the committed golden file ``tests/golden/<method>.safetensors``
   (regenerate: ``python -m core.testing golden METHOD --why "..."``; see tests/golden/README.md).
@@ -29,7 +29,7 @@ from core.testing import check_golden, example_checks, example_of
 load_plugins()
 METHODS = [s.name for s in method_specs()]
 CHECKS = ("save_load_bit_exact", "save_pretrained_from_pretrained_same_output", "dtype_round_trip",
-          "deterministic_eval", "gradient_flow", "gradient_checkpointing", "forward_does_not_mutate_batch",
+          "deterministic_eval", "gradient_flow", "gradient_checkpointing", "bf16_autocast_step", "forward_does_not_mutate_batch",
           "outputs_finite")
 
 _examples: dict[str, object] = {}
