@@ -7,8 +7,9 @@ tiny model and a fixed input (``core.testing.ModelExample``). For every method t
 * ``ModelChecks``: determinism, gradient flow, save -> load bit-exactness (checkpoint and export), the bf16 round
   trip, finite outputs, the batch left unchanged;
 * a model around a base folder (``base_fields``) references it without writing to it;
-* a bf16-autocast training step agrees with fp32; gradient checkpointing gives the same gradients with fewer saved activations, and one training step under
-  FSDP2 on 2 gloo processes gives one process's gradients (one torchrun job for all methods);
+* a bf16-autocast training step agrees with fp32; gradient checkpointing gives the same gradients with fewer
+  saved activations; one training step under FSDP2 on 2 gloo processes gives one process's gradients (one
+  torchrun job for all methods);
 * the output on the fixed input equals the committed golden file ``tests/golden/<method>.safetensors``
   (regenerate: ``python -m core.testing golden METHOD --why "..."``; see tests/golden/README.md).
 
