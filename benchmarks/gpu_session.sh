@@ -8,6 +8,13 @@
 # Without NAME:CAP_S pairs every benchmark below runs (and benchmarks/results starts empty); with them only
 # those run, adding to the results already there (a rerun of the ones a first pass lost).
 #
+# Paper size (benchmarks/paper_scale.py: each method at its paper's size, one bf16 training step + one
+# inference, peak memory / step time / MFU): NAME `paper_scale.METHOD` runs that method's row alone in its own
+# process under its cap (rows merge into benchmarks/results/paper_scale.json); the word `paper` stands for
+# every method's row with the caps below. The paper rows alone take about 8 minutes of an H200, so they are not
+# in the default pass (its caps already sum to ~7.5 minutes of a 10-minute command); run them as their own call:
+#   bash benchmarks/gpu_session.sh OUT paper                      # or: ... OUT paper_scale.deepvrm:150
+#
 # Missing pure-Python pins travel as wheels in .whl/ (see ../.library/device/README.md); they are installed
 # to /tmp/site first. Each benchmark runs under its own time cap so that one slow or failing benchmark
 # cannot cost the others; results are re-packed after each one, so a cut-off run still returns what it
@@ -35,7 +42,19 @@ export PYTHONUNBUFFERED=1 BENCH_DTYPE=${BENCH_DTYPE:-auto} TOKENIZERS_PARALLELIS
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 shift
+# per-method caps of the paper-size rows: building the model on the GPU, two training steps (the counted warm-up
+# and the timed one) and two inferences; the 7B / 4B VLMs and the 1.4B video DiT over 18,900 tokens take longest
+paper="paper_scale.transnormal:60 paper_scale.deepvrm:90 paper_scale.automot:90 paper_scale.flexforcing:75
+paper_scale.tagrpo:90 paper_scale.fera:40 paper_scale.sola:30 paper_scale.lacwm:20 paper_scale.bc:20"
 specs=${*:-"sola:90 transnormal:90 loaders:50 flexforcing:50 fera:60 tagrpo:40 deepvrm:40 worldmodel:30"}
+expanded=""
+for spec in $specs; do  # `paper` (or a bare paper_scale[:CAP]) = every paper-size row, each under its own cap
+  case $spec in
+    paper | paper_scale | paper_scale:*) expanded="$expanded $paper" ;;
+    *) expanded="$expanded $spec" ;;
+  esac
+done
+specs=$expanded
 pack() { tar czf "$out/results.tgz" benchmarks/results 2>/dev/null; }
 mkdir -p benchmarks/results
 if [ $# -eq 0 ]; then
@@ -46,7 +65,12 @@ fi
 for spec in $specs; do
   b=${spec%%:*}; cap=${spec##*:}; t0=$(date +%s)
   echo "== benchmarks.$b (cap ${cap}s)"
-  timeout "$cap" python3 -m benchmarks."$b" 2>&1 | grep -v -E "Warning|warn\(" | tail -25 || true
+  if [[ $b == paper_scale.* ]]; then  # one paper-size row; on a cut-off the row is missing, the others stay
+    timeout "$cap" python3 -m benchmarks.paper_scale --methods "${b#paper_scale.}" 2>&1 \
+      | grep -v -E "Warning|warn\(" | tail -16 || true
+  else
+    timeout "$cap" python3 -m benchmarks."$b" 2>&1 | grep -v -E "Warning|warn\(" | tail -25 || true
+  fi
   echo "-- $b took $(( $(date +%s) - t0 )) s"; pack
 done
 python3 -m benchmarks.summary
