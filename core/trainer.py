@@ -17,6 +17,19 @@ The model contract (LeRobot / Lightning style)::
 
 Frozen parameters (``requires_grad=False``) are left out of the optimizer.
 
+On-policy methods (RL post-training: rollouts drawn from the live model, as TRL's ``GRPOTrainer`` does inside
+transformers' ``Trainer``) add two optional hooks::
+
+        def prepare_batch(self, batch) -> batch:   # called with every micro-batch, before training_step, under
+            ...                                    # no_grad and the training autocast, with the current weights
+        def training_state(self) -> dict: ...      # this rank's extra state (e.g. a replay buffer, counters) ...
+        def load_training_state(self, state): ...  # ... stored in every checkpoint and restored on resume
+
+``prepare_batch`` runs through the same wrapped module as ``training_step`` (``StepModule(method=...)``), so
+under DDP / FSDP every rank runs it (FSDP gathers the shards for its forwards) and it may draw samples from the
+model; ``Trainer.call_model(method, batch)`` runs any other such method the same way (e.g. a final evaluation).
+Both must do the same forwards on every rank. The extra state is kept per rank, like the RNG states.
+
 ``trainer.strategy=fsdp`` shards parameters, gradients and optimizer state over the processes with torch's
 FSDP2 ``fully_shard``: each unit (``trainer.fsdp_wrap`` class names, else ``model.fsdp_units()``, else every
 ``nn.ModuleList`` element -- transformer blocks) is sharded on its own, then the rest with the root. Under
@@ -126,15 +139,19 @@ class _StopRequest:
 
 
 class StepModule(nn.Module):
-    """What DDP wraps: its forward is the model's ``training_step`` so DDP's hooks see every step."""
+    """What DDP wraps: its forward is the model's ``training_step`` so DDP's hooks see every step.
+
+    ``method`` calls another method of the model instead (``prepare_batch``, ``Trainer.call_model``): it still runs
+    inside the root's forward, so FSDP gathers the root's shards around it.
+    """
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """``model.training_step(batch)``."""
-        return self.model.training_step(batch)
+    def forward(self, batch: dict[str, Any], method: str = "training_step") -> Any:
+        """``model.<method>(batch)``."""
+        return getattr(self.model, method)(batch)
 
 
 class _FullWeights(nn.Module):
@@ -198,6 +215,45 @@ def shard_fsdp(step_module: nn.Module, model: nn.Module, device: torch.device, w
     # compute dtype as under the other strategies.
     root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, cast_forward_inputs=False)
     fully_shard(step_module, mesh=mesh, mp_policy=root_mp)
+
+
+def unshard_fsdp(root: nn.Module) -> None:
+    """Undo ``fully_shard`` on ``root`` and every submodule, in place: a collective (every rank calls it).
+
+    Each sharded parameter becomes a plain ``nn.Parameter`` holding its full tensor (on the shard's device, same
+    dtype and ``requires_grad``; tied parameters stay tied), and each FSDP module gets its own class back without
+    FSDP's hooks and state, so the modules are plain again: a plain forward, ``save_pretrained`` or another
+    ``fully_shard`` (a later training stage) work on them. torch has no public inverse of ``fully_shard``; this
+    removes exactly what it adds (``tests/core/test_fsdp.py`` checks it on the installed torch).
+    """
+    from torch.distributed import _composable_state
+    from torch.distributed._composable.contract import REGISTRY_KEY, STATE_KEY
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    modules = list(root.modules())
+    for m in modules:
+        if isinstance(m, FSDPModule):
+            m.reshard()  # the sharded parameters registered (also after a forward without backward)
+    full: dict[int, nn.Parameter] = {}
+    with torch.no_grad():
+        for m in modules:  # same order on every rank: one all-gather per parameter
+            for name, p in list(m._parameters.items()):
+                if isinstance(p, DTensor):
+                    if id(p) not in full:
+                        full[id(p)] = nn.Parameter(p.full_tensor().clone(), requires_grad=p.requires_grad)
+                    m._parameters[name] = full[id(p)]
+    for m in modules:
+        if isinstance(m, FSDPModule):
+            state = m._get_fsdp_state()
+            for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)
+                           }.values():
+                handle.remove()
+            cls = type(m)
+            m.__class__ = cls.__mro__[cls._orig_cls_mro_index]
+        _composable_state._module_state_mapping.pop(m, None)
+        for key in (STATE_KEY, REGISTRY_KEY, "_is_fsdp_managed_module", "_fsdp_use_orig_params"):
+            m.__dict__.pop(key, None)
 
 
 def _optim_state_indexed(named: dict[str, Any]) -> dict[str, Any]:
@@ -377,6 +433,7 @@ class Trainer:
         if cfg.gradient_checkpointing:
             self._enable_checkpointing(model)
         self.step_module: nn.Module = StepModule(self.model)
+        self._released = False  # release() made the model plain again (FSDP removed)
         if self.strategy == "ddp":
             self.step_module = nn.parallel.DistributedDataParallel(
                 self.step_module,
@@ -435,6 +492,28 @@ class Trainer:
         shard_fsdp(self.step_module, self.model, self.device, self.dist.world_size, self.autocast_dtype,
                    wrap=self.cfg.fsdp_wrap, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
 
+    def release(self) -> nn.Module:
+        """The model as a plain module again, after training; under FSDP a collective (every rank calls it).
+
+        Under FSDP the model's parameters are shards (DTensors) and its modules FSDP's, so a plain forward,
+        ``save_pretrained`` or another ``Trainer`` (a later stage) cannot use it: this gathers every parameter to
+        its full tensor and removes FSDP from the modules in place (``unshard_fsdp``; the model and its submodules
+        stay the same objects, on this rank's device). This trainer cannot train afterwards. Without FSDP it
+        returns the model unchanged.
+        """
+        if self.strategy == "fsdp" and not self._released:
+            unshard_fsdp(self.step_module)
+            self._released = True
+        return self.model
+
+    def call_model(self, method: str, batch: Any) -> Any:
+        """``model.<method>(batch)`` through the wrapped step module, under no_grad and the training autocast.
+
+        Under DDP / FSDP a collective: every rank calls it (FSDP gathers the shards its forwards use).
+        """
+        with torch.no_grad(), self._autocast():
+            return self.step_module(batch, method=method)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights.
 
@@ -483,15 +562,21 @@ class Trainer:
             self.batch_in_epoch = 0
 
     # ------------------------------------------------------------------------------------------
+    def _per_rank(self, obj: Any) -> list[Any]:
+        """``[obj of rank 0, obj of rank 1, ...]`` on every rank (a collective under DDP / FSDP)."""
+        if not self.dist.enabled:
+            return [obj]
+        gathered: list[Any] = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
     def state(self) -> dict[str, Any]:
-        """The training state a checkpoint stores besides the weights (counters, optimizer, RNGs of every rank)."""
-        rng = ckpt.capture_rng()
-        if self.dist.enabled:
-            gathered: list[Any] = [None] * self.dist.world_size
-            torch.distributed.all_gather_object(gathered, rng)
-            rng_per_rank = gathered
-        else:
-            rng_per_rank = [rng]
+        """The training state a checkpoint stores besides the weights.
+
+        Counters, optimizer, scheduler, the RNGs of every rank and, when the model has one, its
+        ``training_state()`` of every rank.
+        """
+        rng_per_rank = self._per_rank(ckpt.capture_rng())
         return {
             "step": self.step,
             "epoch": self.epoch,
@@ -501,6 +586,8 @@ class Trainer:
             "optimizer": self._optimizer_state(),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_per_rank,
+            **({"model_state": self._per_rank(self.model.training_state())}
+               if hasattr(self.model, "training_state") else {}),
         }
 
     def save(self) -> Path | None:
@@ -531,6 +618,10 @@ class Trainer:
             self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         ckpt.restore_rng(st["rng"][self.dist.rank])
+        if hasattr(self.model, "load_training_state"):
+            if "model_state" not in st:
+                raise TrainingError(f"{latest}: has no model training state ({type(self.model).__name__} keeps one)")
+            self.model.load_training_state(st["model_state"][self.dist.rank])
         self.step, self.epoch, self.batch_in_epoch = st["step"], st["epoch"], st["batch_in_epoch"]
         self.micro_step = st["micro_step"]
         if self.dist.is_main:
@@ -585,6 +676,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to ``cfg.max_steps``; returns ``{"step", "metrics", "checkpoint"}``."""
         cfg = self.cfg
+        if self._released:
+            raise TrainingError("this trainer released its model (release()); build a new Trainer to train it")
         resumed = cfg.resume and self.resume()
         if not resumed:
             seed_everything(cfg.seed + self.dist.rank)
@@ -609,6 +702,8 @@ class Trainer:
                 sums: dict[str, float] = {}
                 for micro in range(cfg.grad_accum):
                     batch = next(batches)
+                    if hasattr(self.model, "prepare_batch"):  # on-policy: e.g. rollouts of the current weights
+                        batch = self.call_model("prepare_batch", batch)
                     sync = micro == cfg.grad_accum - 1 or self.strategy != "ddp"
                     ctx = contextlib.nullcontext() if sync else self.step_module.no_sync()
                     with ctx:

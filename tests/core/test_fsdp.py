@@ -208,3 +208,35 @@ def test_fsdp_units():
     m.fsdp_units = lambda: [nn.Linear(2, 2)]
     with pytest.raises(ConfigError, match="not its submodules"):
         fsdp_units(m)
+
+
+def test_release_makes_the_model_plain_for_a_later_stage(tmp_path, one_rank_group):
+    """After fit under fsdp, ``release()`` gives back the same model object with plain full parameters (the
+    checkpoint's weights): a plain forward works and a second fsdp Trainer (a later
+    stage) shards and trains it again; the released trainer refuses to train."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from core.testing import ToyRegressionDataset
+    from core.trainer import Trainer, TrainingError
+
+    torch.manual_seed(0)
+    model = ToyRegressor(dropout=0.0)
+    cfg = TrainerConfig(max_steps=2, batch_size=4, ckpt_every=2, log_every=1, device="cpu", tensorboard=False,
+                        progress=False, ema_decay=None, strategy="fsdp", fsdp_wrap=["Linear"])
+    trainer = Trainer(model, ToyRegressionDataset(n=16), cfg, tmp_path / "a")
+    trainer.fit()
+    assert trainer.release() is model
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())
+    assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
+    _assert_same_weights(_weights(tmp_path / "a"), model.state_dict())
+    with torch.no_grad():
+        assert model(torch.randn(3, model.net[0].in_features)).shape[0] == 3  # a plain forward
+    with pytest.raises(TrainingError, match="released"):
+        trainer.fit()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    second = Trainer(model, ToyRegressionDataset(n=16), cfg, tmp_path / "b")
+    second.fit()
+    second.release()
+    after = model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if k != "steps_seen")  # trained again
+    _assert_same_weights(_weights(tmp_path / "b"), after)

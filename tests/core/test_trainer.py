@@ -240,3 +240,81 @@ def test_ema_warms_up_so_a_short_run_forgets_its_initial_weights():
     # (1 + n) / (10 + n) warm-up: the initial 0 keeps prod(decay_t) ~ 1e-4 of the weight, not 0.999^1500 = 22 %
     assert float(ema.module.weight) > 0.99
     assert ema.decay_at(1) == 0.1 and ema.decay_at(10**6) == 0.999
+
+
+# ----------------------------------------------------------------------------------------------
+# The on-policy hooks: prepare_batch (samples of the live weights) and training_state (in every checkpoint)
+
+
+class _Points(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(2, generator=torch.Generator().manual_seed(i))}
+
+
+class _OnPolicyToy(torch.nn.Module):
+    """``prepare_batch`` samples ``x * w`` of the current weights and keeps a running buffer (its training state);
+    the loss pulls the weights towards the samples shifted by the buffer's mean, so a lost buffer changes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.5, -0.3]))
+        self.buffer: list[float] = []
+        self.seen: list[torch.Tensor] = []  # the weights prepare_batch saw, in order
+
+    def prepare_batch(self, batch):
+        assert not torch.is_grad_enabled()
+        sample = batch["x"] * self.w
+        self.buffer = (self.buffer + [float(sample.mean())])[-3:]
+        self.seen.append(self.w.detach().clone())
+        return {**batch, "sample": sample, "shift": torch.tensor(sum(self.buffer) / len(self.buffer))}
+
+    def training_step(self, batch):
+        loss = ((batch["x"] * self.w - batch["sample"] - 1.0 - batch["shift"]) ** 2).mean()
+        return {"loss": loss, "shift": batch["shift"]}
+
+    def training_state(self):
+        return {"buffer": list(self.buffer)}
+
+    def load_training_state(self, state):
+        self.buffer = [float(v) for v in state["buffer"]]
+
+
+def _on_policy_trainer(out: Path, max_steps: int) -> Trainer:
+    cfg = TrainerConfig(max_steps=max_steps, batch_size=4, ckpt_every=2, log_every=1, tensorboard=False,
+                        progress=False, device="cpu", grad_clip=None, seed=3)
+    cfg.optim.lr = 0.05
+    cfg.scheduler.name = "constant"  # the same lr whatever max_steps: a shorter run is a killed longer one
+    cfg.scheduler.warmup_steps = 0
+    return Trainer(_OnPolicyToy(), _Points(), cfg, out)
+
+
+def test_prepare_batch_sees_the_current_weights_and_training_state_survives_resume(tmp_path):
+    straight = _on_policy_trainer(tmp_path / "a", 6)
+    straight.fit()
+    seen = straight.model.seen
+    assert len(seen) == 6 and torch.equal(seen[0], torch.tensor([0.5, -0.3]))  # once per micro-batch
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:], strict=False))  # after every optimizer step
+    state = ckpt.load_checkpoint(tmp_path / "a")["training_state"]
+    assert state["model_state"] == [{"buffer": straight.model.buffer}]  # per rank, like the RNG states
+
+    _on_policy_trainer(tmp_path / "b", 3).fit()  # "killed" after its step-3 checkpoint
+    resumed = _on_policy_trainer(tmp_path / "b", 6)
+    resumed.fit()
+    assert resumed.model.buffer == straight.model.buffer
+    assert torch.equal(resumed.model.w, straight.model.w)
+    assert [r["shift"] for r in read_metrics(tmp_path / "b")] == [r["shift"] for r in read_metrics(tmp_path / "a")]
+
+    # without the buffer the resumed run drifts: the equality above is not trivial
+    lost = _on_policy_trainer(tmp_path / "c", 3)
+    lost.fit()
+    lost = _on_policy_trainer(tmp_path / "c", 6)
+    lost.model.load_training_state = lambda state: None
+    lost.fit()
+    assert not torch.equal(lost.model.w, straight.model.w)
+
+    # call_model runs a model method the same way (no_grad, through the wrapped module)
+    out = straight.call_model("prepare_batch", {"x": torch.ones(1, 2)})
+    assert torch.equal(out["sample"], straight.model.w.detach()[None])
