@@ -113,6 +113,14 @@ def table(rows: list[dict[str, Any]]) -> str:
          f"{r['drops']['mean']:.1f}"] for r in rows)) + "\n"
 
 
+def updates_per_iteration(extra: list[str]) -> int:
+    """``algo.updates_per_iteration`` of the runs: an ``--extra`` override, else the algo default (every arm's)."""
+    from perception.i2v_rl.configuration_tagrpo import AlgoConfig
+
+    given = [o.split("=", 1)[1] for o in extra if o.startswith("algo.updates_per_iteration=")]
+    return int(given[-1]) if given else AlgoConfig().updates_per_iteration
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ex.grid_arguments(p, out="outputs/tagrpo_exp", default_arms=ARMS, seeds=(0, 1, 2))
@@ -124,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     failures = []
     if not a.collect_only:
+        steps = a.iterations * updates_per_iteration(a.extra)  # trainer.max_steps counts optimizer steps
         grid = ex.Grid("tagrpo", a.out, ex.pick_arms(ex.method_arms("tagrpo"), a.arms), a.seeds,
-                       [f"trainer.max_steps={a.iterations}", "trainer.tensorboard=false", *a.extra],
+                       [f"trainer.max_steps={steps}", "trainer.tensorboard=false", *a.extra],
                        trained=_trained(a.iterations))
         failures = grid.run(a.workers)
     rows = summarise(a.out)

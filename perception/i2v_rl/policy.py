@@ -160,6 +160,20 @@ class I2VPolicy(PreTrainedModel):
         """The post-trained part: the DiT."""
         return self.backbone.dit
 
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The DiT's transformer blocks: what gradient checkpointing recomputes and FSDP shards as units.
+
+        The frozen VAE (run under no_grad) and the DiT's small per-layer modules stay with the root.
+        """
+        from core.layers.checkpointing import block_units
+
+        blocks = getattr(self.backbone.dit, "blocks", None)
+        return list(blocks) if isinstance(blocks, nn.ModuleList) else [m for _, m in block_units(self.backbone.dit)]
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The units ``trainer.strategy=fsdp`` shards on their own (``checkpoint_units``)."""
+        return self.checkpoint_units()
+
     # -- conditioning and pixels ------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_first(self, images: Tensor) -> Tensor:
@@ -198,15 +212,40 @@ class I2VPolicy(PreTrainedModel):
         st = sde_step(x, v, self.grid[i], self.grid[i + 1], eta=eta, prev_sample=x)
         return st.mean.to(x.dtype), st.std.reshape(())
 
+    def training_step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """TAGRPO's loss (``grpo.contrastive_loss``) of one group at one sampling step of recorded rollouts.
+
+        Keys: ``first`` (K, 1, C, h, w), ``state`` (K, N, C, h, w) the states ``x_i``, ``step`` (``i``), ``old_mean``
+        (K, ...) their means at rollout, ``targets`` (J, ...) next latents, ``adv`` (J,), ``own`` (K,) each state's
+        own target, and the scalars ``eta``, ``clip`` and ``weight`` (0: DanceGRPO's own term only). The trainer's
+        model is ``task.GRPOLearner``, which batches every group of a micro-batch into one transition; this is the
+        same loss for one group (the contract test's training step).
+        """
+        from perception.i2v_rl.grpo import contrastive_loss
+
+        mean, std = self.transition(batch["first"], batch["state"], int(batch["step"]), float(batch["eta"]))
+        loss, st = contrastive_loss(mean, batch["old_mean"], batch["targets"], std, batch["adv"], batch["own"],
+                                    float(batch["clip"]), float(batch["weight"]))
+        return {"loss": loss, "ratio_dev": (st["ratio"] - 1).abs().max(), "clipped": st["clipped"]}
+
     @torch.no_grad()
-    def rollout(self, first: Tensor, noise: Tensor, eta: float, generator: torch.Generator | None = None
-                ) -> Trajectory:
-        """SDE rollouts from initial ``noise`` (B, N, C, h, w), recording the trajectory (see ``Trajectory``)."""
+    def rollout(self, first: Tensor, noise: Tensor, eta: float, generator: torch.Generator | None = None,
+                step_noise: Tensor | None = None) -> Trajectory:
+        """SDE rollouts from initial ``noise`` (B, N, C, h, w), recording the trajectory (see ``Trajectory``).
+
+        The SDE's standard-normal draws come from ``generator``, or are given as ``step_noise`` (B, S, N, C, h, w)
+        (e.g. drawn per group, so that a rollout does not depend on which batch it is sampled in).
+        """
+        if step_noise is not None and tuple(step_noise.shape) != (noise.shape[0], self.steps, *noise.shape[1:]):
+            raise ValueError(f"step_noise must be (B, S, N, C, h, w) = {(noise.shape[0], self.steps, *noise.shape[1:])}"
+                             f", got {tuple(step_noise.shape)}")
         x = noise
         latents, means, stds, logps = [x], [], [], []
         for i in range(self.steps):
             v = self.velocity(first, x, self.grid[i])
-            st = sde_step(x, v, self.grid[i], self.grid[i + 1], eta=eta, generator=generator)
+            z = None if step_noise is None else step_noise[:, i].to(x.dtype)
+            st = sde_step(x, v, self.grid[i], self.grid[i + 1], eta=eta, noise=z,
+                          generator=None if z is not None else generator)
             mean = st.mean.to(x.dtype)
             x = st.prev_sample
             std = st.std.reshape(())
@@ -230,7 +269,7 @@ def example(workdir: Path) -> ModelExample:
 
     The base is Flex-Forcing's tiny config (``configs/model/flexforcing_tiny.yaml``) built through the registry,
     its zero-initialised weights perturbed, saved once into ``workdir``. The forward is the velocity on a fixed
-    noisy latent and a 4-step ODE sample from it.
+    noisy latent and a 4-step ODE sample from it; the training step is one group's TAGRPO loss (``training_step``).
     """
     from omegaconf import OmegaConf
 
@@ -265,7 +304,16 @@ def example(workdir: Path) -> ModelExample:
     def run(model: I2VPolicy, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return {"velocity": model(**batch), "sample": model.sample(batch["first"], batch["x"])}
 
-    return ModelExample(build=build, inputs=inputs, run=run)
+    def train_inputs() -> dict[str, Tensor]:  # one group of 2 states at step 1, 3 targets, weights moved off
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 5, 4, 8, 8, generator=g)
+        return {"first": torch.randn(2, 1, 4, 8, 8, generator=g), "state": x, "step": torch.tensor(1),
+                "old_mean": x + 0.01 * torch.randn(x.shape, generator=g), "targets": torch.randn(3, 5, 4, 8, 8,
+                                                                                                generator=g),
+                "adv": torch.tensor([1.0, -0.5, -0.5]), "own": torch.arange(2), "eta": torch.tensor(0.3),
+                "clip": torch.tensor(10.0), "weight": torch.tensor(1.0)}
+
+    return ModelExample(build=build, inputs=inputs, run=run, train_inputs=train_inputs)
 
 
 def ship_policy(src: str | Path, dest: str | Path, base_ref: str = "../flexforcing") -> Path:

@@ -1,7 +1,8 @@
 """``embodied train tagrpo`` / ``embodied eval tagrpo``: GRPO post-training of the image-to-video policy.
 
 train: conditioning images (windows of the simulator clips: first frame + the physically correct continuation)
--> the pretrained video model (``model.base_path``) as ``I2VPolicy`` -> ``GRPORunner`` iterations:
+-> the pretrained video model (``model.base_path``) as ``I2VPolicy`` -> ``GRPORunner`` iterations, trained by the
+shared ``core.trainer.Trainer`` (``GRPOLearner``: the rollouts are its on-policy ``prepare_batch``):
 
 1. ``data.images_per_iteration`` images, ``algo.fresh`` SDE rollouts each, from the image's fixed initial noise
    (``algo.noise=same``) or from independent noise;
@@ -14,8 +15,11 @@ train: conditioning images (windows of the simulator clips: first frame + the ph
 6. every ``data.eval_every`` iterations the held-out reward (ODE sampler, fixed noise) goes to ``curve.json``
    against iteration and rollouts spent.
 
-Checkpoints (``checkpoints/step_N``: weights, optimizer, RNG, bank, curve) every ``trainer.ckpt_every``
-iterations; a killed run resumes from the newest. The final policy is exported to ``<out_dir>/policy``: an
+An iteration is ``algo.updates_per_iteration`` optimizer steps (``trainer.max_steps`` counts optimizer steps).
+Checkpoints (``checkpoints/step_N``: weights, optimizer, RNG, bank, curve, an unfinished iteration's rollouts)
+every ``trainer.ckpt_every`` optimizer steps; a killed run resumes from the newest to the same weights.
+``trainer.precision``, ``trainer.strategy=ddp|fsdp`` and ``trainer.gradient_checkpointing`` apply as to every
+method. The final policy is exported to ``<out_dir>/policy``: an
 ``I2VPolicy`` folder (method ``tagrpo``, loadable by ``core.pretrained.load_pretrained``) holding the post-trained
 DiT and referencing the base video model by its absolute path.
 
@@ -28,11 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import Dataset
 
 from core.config import TrainerConfig, save_resolved, to_container, to_object
 from core.errors import ConfigError, DataError
@@ -122,198 +129,354 @@ def heldout_reward(policy, reward, heldout: ConditioningSet, seed: int, batch: i
 
 
 # ------------------------------------------------------------------------------------------------ runner
-class GRPORunner:
-    """The post-training loop (see the module docstring): rollouts, rewards, bank, updates, curve, checkpoints."""
+def _seed(*parts: int) -> int:
+    """A generator seed from integers (a run's seed, an iteration, a slot, a stream id), order-sensitive."""
+    s = 0
+    for p in parts:
+        s = (s * 1_000_003 + int(p) + 1) % (1 << 62)
+    return s
 
-    def __init__(self, policy, algo: AlgoConfig, trainer: TrainerConfig, reward, pool: ConditioningSet,
-                 heldout: ConditioningSet, out_dir: Path, run_config: dict[str, Any] | None = None,
-                 images_per_iteration: int = 2, eval_every: int = 5, eval_seed: int = 0):
-        from core.trainer import build_optimizer, lr_lambda
+
+class IterationSchedule(Dataset):
+    """Which conditioning images every micro-batch of a run trains on: what the trainer's loader reads, unshuffled.
+
+    The run is ``steps`` optimizer steps of ``micro`` micro-batches each (the trained sampling steps of one update);
+    ``updates`` consecutive optimizer steps make one iteration, which trains on ``images`` conditioning images (its
+    slots), drawn from the pool by a generator of (``seed``, iteration) alone. Item ``j`` is slot ``j % images`` of
+    micro-batch ``j // images`` (counted over all processes). Read in order by ``ResumableDistributedSampler``,
+    process ``r`` of ``W`` holds the slots ``r, r + W, ...`` of every micro-batch, so which image goes where, and
+    with it every rollout, depends on the seed and the iteration only: not on the world size, not on a resume.
+    """
+
+    def __init__(self, pool: ConditioningSet, steps: int, micro: int, updates: int, images: int, seed: int):
+        self.pool, self.steps, self.micro, self.updates, self.images, self.seed = (pool, steps, micro, updates,
+                                                                                   images, seed)
+
+    def __len__(self) -> int:
+        return self.steps * self.micro * self.images
+
+    def picks(self, iteration: int) -> list[int]:
+        """The pool indices of ``iteration``'s slots."""
+        g = torch.Generator().manual_seed(_seed(self.seed, iteration, 0))
+        return torch.randperm(len(self.pool), generator=g)[:self.images].tolist()
+
+    def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
+        g, slot = divmod(int(j), self.images)
+        step, micro = divmod(g, self.micro)
+        iteration, chunk = divmod(step, self.updates)
+        pick = self.picks(iteration)[slot]
+        return {"image": self.pool.images[pick], "reference": self.pool.reference[pick],
+                **{k: torch.tensor(v) for k, v in (("pick", pick), ("slot", slot), ("iteration", iteration),
+                                                     ("chunk", chunk), ("micro", micro))}}
+
+
+class GRPOLearner(nn.Module):
+    """What the shared trainer trains: the policy with TAGRPO's / DanceGRPO's rollouts, groups, bank and loss.
+
+    One iteration is ``algo.updates_per_iteration`` optimizer steps. ``prepare_batch`` (the trainer's on-policy
+    hook, under no_grad with the current weights) rolls out the micro-batch's images at the iteration's first
+    micro-batch — the held-out evaluation first when the iteration is due one — rewards them, forms the groups from
+    them and the memory bank, banks them, and keeps them for the iteration's other micro-batches; every micro-batch
+    is one trained sampling step of one update (``training_step``: the step's transition under the current weights
+    and the loss of every group). Before the iteration's first optimizer step the weights are those of the
+    rollouts, so every ratio of its first update is exactly 1.
+
+    The learner's modules are the policy's (``backbone``), so its state-dict keys are the policy's and a training
+    checkpoint loads as an ``I2VPolicy``. ``training_state`` (bank, curve, an iteration's rollouts when a
+    checkpoint falls inside one) goes into every checkpoint. Under DDP / FSDP each process rolls out its slots
+    (``IterationSchedule``) and the fresh rollouts of all processes enter every process's bank in slot order, so
+    the bank, the groups and the updates are those of one process.
+    """
+
+    def __init__(self, policy, algo: AlgoConfig, reward, heldout: ConditioningSet, schedule: IterationSchedule,
+                 out_dir: Path, eval_every: int, eval_seed: int):
         from perception.i2v_rl.grpo import MemoryBank
 
-        self.policy, self.algo, self.cfg, self.reward = policy, algo, trainer, reward
-        self.pool, self.heldout, self.out_dir = pool, heldout, Path(out_dir)
-        self.run_config = run_config or {}
-        self.images_per_iteration = min(images_per_iteration, len(pool))
-        self.eval_every, self.eval_seed = eval_every, eval_seed
-        self.device = policy.grid.device
-        self.optimizer = build_optimizer(policy.trainable(), trainer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer))
+        super().__init__()
+        self.backbone = policy.backbone  # the policy's modules: the same keys, sharded / moved with the learner
+        self.__dict__["policy"] = policy  # not a submodule: its keys would gain a prefix
+        self.algo, self.reward, self.heldout, self.schedule = algo, reward, heldout, schedule
+        self.out_dir, self.eval_every, self.eval_seed = Path(out_dir), eval_every, eval_seed
         self.bank = MemoryBank(algo.bank_size)
-        self.generator = torch.Generator().manual_seed(trainer.seed)
-        self.iteration = 0
-        self.rollouts = 0
         self.curve: list[dict[str, Any]] = []
-        self.last_stats: dict[str, float] = {}
+        self.last_train_reward: float | None = None
+        self._rollouts: dict[str, Any] | None = None
+        self.history: list[dict[str, float]] = []  # the current iteration's training_step outputs
 
-    # -- noise ------------------------------------------------------------------------------------------------
-    def _noise(self, images: list[int]) -> tuple[torch.Tensor, list[Any]]:
-        fresh = self.algo.fresh
+    # -- scaling: the policy's units -------------------------------------------------------------------------
+    def enable_gradient_checkpointing(self) -> None:
+        self.policy.enable_gradient_checkpointing()
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return self.policy.checkpoint_units()
+
+    # -- the schedule -------------------------------------------------------------------------------------------
+    def timesteps(self, iteration: int) -> list[list[int]]:
+        """The trained sampling steps of each update of ``iteration`` (``algo.timestep_fraction`` of them)."""
+        s = self.policy.steps
+        steps = list(range(s))
+        if self.algo.timestep_fraction < 1:
+            g = torch.Generator().manual_seed(_seed(self.schedule.seed, iteration, 1))
+            steps = sorted(torch.randperm(s, generator=g)[:trained_steps(self.algo, s)].tolist())
+        return [c.tolist() for c in torch.tensor(steps).chunk(self.algo.updates_per_iteration)]
+
+    def _noise(self, iteration: int, pick: int, slot: int) -> tuple[torch.Tensor, Any]:
+        fresh, policy = self.algo.fresh, self.policy
         if self.algo.noise == "same":
-            noise = torch.cat([image_noise(self.policy, i, self.cfg.seed).expand(fresh, -1, -1, -1, -1)
-                               for i in images])
-            keys = [("same", i) for i in images]
-        else:
-            noise = self.policy.initial_noise(len(images) * fresh, self.generator)
-            keys = [("independent", self.iteration, g) for g in range(len(images))]
-        return noise.contiguous(), keys
+            return image_noise(policy, pick, self.schedule.seed).expand(fresh, -1, -1, -1, -1), ("same", pick)
+        g = torch.Generator().manual_seed(_seed(self.schedule.seed, iteration, slot, 2))
+        return policy.initial_noise(fresh, g), ("independent", iteration, slot)
 
-    # -- one iteration ----------------------------------------------------------------------------------------
-    def step(self) -> dict[str, float]:
-        from perception.i2v_rl.grpo import BankEntry, contrastive_loss, group_advantages, grpo_loss
+    # -- the trainer's hooks --------------------------------------------------------------------------------------
+    def prepare_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The iteration's rollouts (drawn at its first micro-batch) and this micro-batch's sampling step."""
+        from core.trainer import TrainingError
+
+        it, chunk, micro = (int(batch[k][0]) for k in ("iteration", "chunk", "micro"))
+        if chunk == 0 and micro == 0:
+            self._rollouts, self.history = None, []
+            self._rollouts = self._roll_out(batch, it)
+        elif self._rollouts is None or self._rollouts["iteration"] != it:
+            raise TrainingError(f"no rollouts of iteration {it} for its update {chunk} (the training state lost them)")
+        out = {**self._rollouts, "chunk": chunk, "timestep": self.timesteps(it)[chunk][micro]}
+        if chunk == self.algo.updates_per_iteration - 1 and micro == self.schedule.micro - 1:
+            self._rollouts = None  # the iteration's last micro-batch: a checkpoint after it need not keep them
+        return out
+
+    def _roll_out(self, batch: dict[str, torch.Tensor], it: int) -> dict[str, Any]:
+        from core import distributed as D
+        from perception.i2v_rl.grpo import BankEntry, group_advantages
         from perception.i2v_rl.rewards import RewardInputs
 
-        algo, policy, fresh = self.algo, self.policy, self.algo.fresh
+        algo, policy, fresh, device = self.algo, self.policy, self.algo.fresh, batch["image"].device
+        policy.grid = policy.grid.to(device)
+        was_training = self.training
+        t_eval = 0.0
+        if it % self.eval_every == 0:  # the weights after `it` iterations
+            t0 = time.perf_counter()
+            self.evaluate(it)
+            t_eval = time.perf_counter() - t0
         t0 = time.perf_counter()
-        picks = torch.randperm(len(self.pool), generator=self.generator)[:self.images_per_iteration].tolist()
-        imgs = self.pool.images[picks].to(self.device).repeat_interleave(fresh, 0)
-        ref = self.pool.reference[picks].repeat_interleave(fresh, 0)
+        picks, slots = batch["pick"].tolist(), batch["slot"].tolist()
+        imgs = batch["image"].repeat_interleave(fresh, 0)
         first = policy.encode_first(imgs)
-        noise, keys = self._noise(picks)
+        noises = [self._noise(it, p, s) for p, s in zip(picks, slots, strict=True)]
+        noise = torch.cat([n for n, _ in noises]).to(device).contiguous()
+        step_noise = torch.cat([  # the SDE's draws, per slot: the same rollouts whichever process draws them
+            torch.randn(fresh, policy.steps, *policy.latent_shape(),
+                        generator=torch.Generator().manual_seed(_seed(self.schedule.seed, it, s, 3))) for s in slots])
         policy.eval()
-        traj = policy.rollout(first, noise, algo.eta, self.generator)
+        traj = policy.rollout(first, noise, algo.eta, step_noise=step_noise.to(device))
+        policy.train(was_training)
         video = policy.decode_video(imgs, traj.final).cpu()
-        rewards, _ = self.reward(RewardInputs(video, ref))
-        rewards = rewards.to(self.device, torch.float32)
-        self.rollouts += len(imgs)
-        t_rollout = time.perf_counter() - t0
+        ref = batch["reference"].cpu().repeat_interleave(fresh, 0)
+        rewards = self.reward(RewardInputs(video, ref))[0].to(device, torch.float32)
 
         # Groups: fresh rollouts + reused banked ones (advantage set); contrastive targets add the bank's others.
         groups = []
-        for g, (img, key) in enumerate(zip(picks, keys, strict=True)):
+        for g, (pick, (_, key)) in enumerate(zip(picks, noises, strict=True)):
             rows = slice(g * fresh, (g + 1) * fresh)
-            banked = self.bank.lookup(img, key, before=self.iteration)
+            banked = self.bank.lookup(pick, key, before=it)
             reuse = banked[:algo.group_size - fresh]
             extra = banked[len(reuse):len(reuse) + algo.group_size] if (algo.loss == "contrastive"
                                                                          and algo.bank_targets) else []
             others = reuse + extra
-            r = torch.cat([rewards[rows], torch.tensor([e.reward for e in others], device=self.device)])
-            adv = group_advantages(r, clip=algo.adv_clip)
-            lat = (torch.cat([traj.latents[rows], torch.stack([e.latents for e in others]).to(self.device)])
+            r = torch.cat([rewards[rows], torch.tensor([e.reward for e in others], device=device)])
+            lat = (torch.cat([traj.latents[rows], torch.stack([e.latents for e in others]).to(device)])
                    if others else traj.latents[rows])
-            groups.append({"rows": rows, "adv": adv, "latents": lat, "reward_std": float(r.std(unbiased=False)),
-                           "n_targets": len(r)})
+            groups.append({"start": rows.start, "adv": group_advantages(r, clip=algo.adv_clip), "latents": lat,
+                           "reward_std": float(r.std(unbiased=False)), "n_targets": len(r)})
+        # Every process banks every process's fresh rollouts, in slot order: one bank, as in one process.
+        mine = [(s, k, traj.latents[g * fresh + k].cpu(), float(rewards[g * fresh + k]))
+                for g, s in enumerate(slots) for k in range(fresh)]
+        entries = sorted((e for part in _gather(mine) for e in part), key=lambda e: (e[0], e[1]))
+        order = self.schedule.picks(it)
+        for s, _, latents, reward in entries:
+            key = ("same", order[s]) if algo.noise == "same" else ("independent", it, s)
+            self.bank.add(BankEntry(order[s], key, latents, reward, it))
+        mean_reward = float(D.all_reduce_mean(rewards.mean().detach()))
+        self.last_train_reward = mean_reward
+        stats = {"train_reward": mean_reward, "reward_std_in_group": sum(g["reward_std"] for g in groups) / len(groups),
+                 "targets_per_group": sum(g["n_targets"] for g in groups) / len(groups),
+                 "rollouts": (it + 1) * self.schedule.images * fresh, "iteration": it + 1,
+                 "rollout_s": time.perf_counter() - t0, "eval_s": t_eval}
+        if it % self.eval_every == 0:
+            stats["heldout_reward"] = self.curve[-1]["reward"]
+        return {"iteration": it, "first": first, "latents": traj.latents, "means": traj.means, "groups": groups,
+                "stats": stats}
 
-        steps = list(range(policy.steps))
-        if algo.timestep_fraction < 1:
-            k = max(1, round(algo.timestep_fraction * policy.steps))
-            steps = sorted(torch.randperm(policy.steps, generator=self.generator)[:k].tolist())
-        chunks = [c.tolist() for c in torch.tensor(steps).chunk(algo.updates_per_iteration)]
-        policy.train()
-        stats: dict[str, list[float]] = {"loss": [], "ratio_dev_first": [], "ratio_dev": [], "clipped": []}
-        for c_i, chunk in enumerate(chunks):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i in chunk:
-                mean_new, std = policy.transition(first, traj.latents[:, i], i, algo.eta)
-                total = 0.0
-                for grp in groups:
-                    rows = grp["rows"]
-                    if algo.loss == "grpo":
-                        loss, st = grpo_loss(mean_new[rows], traj.means[rows, i], traj.latents[rows, i + 1], std,
-                                             grp["adv"][:fresh], algo.clip_range)
-                    else:
-                        loss, st = contrastive_loss(mean_new[rows], traj.means[rows, i], grp["latents"][:, i + 1],
-                                                    std, grp["adv"], torch.arange(fresh, device=self.device),
-                                                    algo.clip_range, algo.contrast_weight)
-                    total = total + loss
-                    dev = float((st["ratio"] - 1).abs().max())
-                    stats["ratio_dev_first" if c_i == 0 else "ratio_dev"].append(dev)
-                    stats["clipped"].append(float(st["clipped"]))
-                total = total / (len(chunk) * len(groups))
-                total.backward()
-                stats["loss"].append(float(total.detach()) * len(chunk))
-            if self.cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(policy.trainable().parameters(), self.cfg.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
+    def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """DanceGRPO's / TAGRPO's loss at one sampling step for every group of the micro-batch."""
+        from perception.i2v_rl.grpo import contrastive_loss, grpo_loss
 
-        t_update = time.perf_counter() - t0 - t_rollout
-        for b in range(len(imgs)):
-            self.bank.add(BankEntry(picks[b // fresh], keys[b // fresh], traj.latents[b], float(rewards[b]),
-                                    self.iteration))
-        self.iteration += 1
-        out = {"train_reward": float(rewards.mean()),
-               "reward_std_in_group": sum(g["reward_std"] for g in groups) / len(groups),
-               "targets_per_group": sum(g["n_targets"] for g in groups) / len(groups),
-               "loss": sum(stats["loss"]) / max(len(stats["loss"]), 1),
-               "ratio_dev_first": max(stats["ratio_dev_first"], default=0.0),
-               "ratio_dev": max(stats["ratio_dev"], default=0.0),
-               "clipped": sum(stats["clipped"]) / max(len(stats["clipped"]), 1),
-               "rollouts": self.rollouts, "lr": self.scheduler.get_last_lr()[0],
-               "rollout_s": t_rollout, "update_s": t_update}
-        self.last_stats = out
+        algo, fresh, i = self.algo, self.algo.fresh, batch["timestep"]
+        lat, means, device = batch["latents"], batch["means"], batch["latents"].device
+        mean_new, std = self.policy.transition(batch["first"], lat[:, i], i, algo.eta)
+        total, devs, clipped = 0.0, [], []
+        for grp in batch["groups"]:
+            rows = slice(grp["start"], grp["start"] + fresh)
+            if algo.loss == "grpo":
+                loss, st = grpo_loss(mean_new[rows], means[rows, i], lat[rows, i + 1], std, grp["adv"][:fresh],
+                                     algo.clip_range)
+            else:
+                loss, st = contrastive_loss(mean_new[rows], means[rows, i], grp["latents"][:, i + 1], std, grp["adv"],
+                                            torch.arange(fresh, device=device), algo.clip_range, algo.contrast_weight)
+            total = total + loss
+            devs.append((st["ratio"] - 1).abs().max())
+            clipped.append(st["clipped"])
+        loss = total / len(batch["groups"])
+        out = {"loss": loss, "ratio_dev_first" if batch["chunk"] == 0 else "ratio_dev": torch.stack(devs).max(),
+               "clipped": torch.stack(clipped).mean()}
+        out = {**out, **{k: torch.tensor(float(v)) for k, v in batch["stats"].items()}}
+        self.history.append({k: float(v.detach()) for k, v in out.items()})
         return out
 
-    # -- evaluation / state -----------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any]:
+    # -- held-out evaluation -------------------------------------------------------------------------------------
+    def evaluate(self, iteration: int) -> dict[str, Any]:
+        """The held-out reward of the current weights as the curve's point at ``iteration`` (rank 0 writes it).
+
+        Every process samples the whole held-out set (the same forwards on every rank, as FSDP needs).
+        """
+        was_training = self.training
         self.policy.eval()
-        r = heldout_reward(self.policy, self.reward, self.heldout, self.eval_seed)
-        entry = {"iteration": self.iteration, "rollouts": self.rollouts, "reward": r["reward"], **r["terms"],
-                 "train_reward": self.last_stats.get("train_reward")}
-        self.curve = [c for c in self.curve if c["iteration"] != self.iteration] + [entry]
-        write_json(self.out_dir / "curve.json", {"algo": dataclasses.asdict(self.algo), "curve": self.curve})
+        with torch.no_grad():
+            r = heldout_reward(self.policy, self.reward, self.heldout, self.eval_seed)
+        self.policy.train(was_training)
+        entry = {"iteration": iteration, "rollouts": iteration * self.schedule.images * self.algo.fresh,
+                 "reward": r["reward"], **r["terms"], "train_reward": self.last_train_reward}
+        self.curve = [c for c in self.curve if c["iteration"] != iteration] + [entry]
+        if _rank() == 0:
+            write_json(self.out_dir / "curve.json", {"algo": dataclasses.asdict(self.algo), "curve": self.curve})
+        log.info("iteration %d (%d rollouts): held-out reward %.4f", iteration, entry["rollouts"], entry["reward"])
         return entry
 
-    def state(self) -> dict[str, Any]:
-        from core.checkpoint import capture_rng
+    # -- the training state (in every checkpoint) ----------------------------------------------------------------
+    def training_state(self) -> dict[str, Any]:
+        pending = None
+        if self._rollouts is not None:  # a checkpoint inside an iteration: its rollouts are needed to resume
+            r = self._rollouts
+            pending = {"iteration": r["iteration"], "first": r["first"].cpu(), "latents": r["latents"].cpu(),
+                       "means": r["means"].cpu(), "stats": r["stats"],
+                       "groups": [{**g, "adv": g["adv"].cpu(), "latents": g["latents"].cpu()} for g in r["groups"]]}
+        return {"bank": self.bank.state_dict(), "curve": self.curve, "last_train_reward": self.last_train_reward,
+                "pending": pending}
 
-        return {"iteration": self.iteration, "rollouts": self.rollouts, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
-                "rng": capture_rng(), "bank": self.bank.state_dict(), "curve": self.curve}
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        device = self.policy.grid.device
+        self.bank.load_state_dict(state["bank"])
+        self.curve, self.last_train_reward = list(state["curve"]), state["last_train_reward"]
+        p = state["pending"]
+        self._rollouts = None if p is None else {
+            "iteration": int(p["iteration"]), "stats": dict(p["stats"]),
+            **{k: p[k].to(device) for k in ("first", "latents", "means")},
+            "groups": [{**g, "adv": g["adv"].to(device), "latents": g["latents"].to(device)} for g in p["groups"]]}
 
-    def save(self) -> Path:
-        from core import checkpoint as ckpt
 
-        name = f"step_{self.iteration:08d}"
-        d = self.out_dir / "checkpoints"
-        path = ckpt.save_checkpoint(d / name, self.policy, self.run_config, self.state())
-        ckpt.mark_latest(d, name)
-        ckpt.prune_checkpoints(d, self.cfg.keep_last)
-        return path
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    def resume(self) -> bool:
-        from core import checkpoint as ckpt
 
-        latest = ckpt.latest_checkpoint(self.out_dir / "checkpoints")
-        if latest is None:
-            return False
-        st = ckpt.load_checkpoint(latest, self.policy)["training_state"]
-        self.optimizer.load_state_dict(st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
-        self.generator.set_state(st["generator"])
-        ckpt.restore_rng(st["rng"])
-        self.bank.load_state_dict(st["bank"])
-        self.iteration, self.rollouts, self.curve = int(st["iteration"]), int(st["rollouts"]), list(st["curve"])
-        log.info("resumed from %s (iteration %d, %d rollouts)", latest, self.iteration, self.rollouts)
-        return True
+def _gather(obj: Any) -> list[Any]:
+    """``obj`` of every process (rank order); ``[obj]`` in one process."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
-    def fit(self, iterations: int) -> dict[str, Any]:
-        from core.logging import MetricsLogger
-        from core.trainer import seed_everything
 
-        resumed = self.cfg.resume and self.resume()
-        if not resumed:
-            seed_everything(self.cfg.seed)
-        logger = MetricsLogger(self.out_dir, tensorboard=self.cfg.tensorboard,
-                               resume_step=self.iteration if resumed else None)
-        if not self.curve:
-            e = self.evaluate()
-            log.info("iteration 0: held-out reward %.4f", e["reward"])
+def trained_steps(algo: AlgoConfig, steps: int) -> int:
+    """How many of the ``steps`` sampling steps an iteration trains (``algo.timestep_fraction``)."""
+    return steps if algo.timestep_fraction >= 1 else max(1, round(algo.timestep_fraction * steps))
+
+
+class GRPORunner:
+    """TAGRPO's post-training on the shared trainer (``core.trainer.Trainer``, see ``GRPOLearner``).
+
+    The trainer brings precision (bf16 autocast), DDP / FSDP2 (``trainer.strategy``), gradient checkpointing,
+    clipping, the lr schedule, checkpoints with resume after a kill (the bank and the curve included) and
+    ``metrics.jsonl``. ``trainer.max_steps`` counts optimizer steps, ``algo.updates_per_iteration`` per iteration;
+    the trainer's batch is this process's share of ``images_per_iteration`` conditioning images and it accumulates
+    gradients over the trained sampling steps of one update (``trainer.batch_size`` / ``grad_accum`` / ``shuffle``
+    are set here).
+    """
+
+    def __init__(self, policy, algo: AlgoConfig, trainer: TrainerConfig, reward, pool: ConditioningSet,
+                 heldout: ConditioningSet, out_dir: Path, run_config: dict[str, Any] | None = None,
+                 images_per_iteration: int = 2, eval_every: int = 5, eval_seed: int = 0):
+        from core.distributed import launched_by_torchrun
+        from core.trainer import Trainer
+
+        world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+        images = min(images_per_iteration, len(pool))
+        updates = algo.updates_per_iteration
+        if images % world:
+            raise ConfigError(f"data.images_per_iteration={images} must be a multiple of the {world} processes "
+                              "(each rolls out an equal share)")
+        k = trained_steps(algo, policy.steps)
+        if k % updates:
+            raise ConfigError(f"algo.updates_per_iteration={updates} must divide the {k} trained sampling steps "
+                              f"(model.sample_steps={policy.steps} x algo.timestep_fraction)")
+        if trainer.max_steps % updates:
+            raise ConfigError(f"trainer.max_steps={trainer.max_steps} (optimizer steps) must be a multiple of "
+                              f"algo.updates_per_iteration={updates}")
+        if trainer.grad_accum != 1:
+            raise ConfigError("trainer.grad_accum: TAGRPO accumulates over the sampling steps of one update "
+                              "(algo.updates_per_iteration); leave it at 1")
+        self.policy, self.pool, self.algo, self.images, self.updates = policy, pool, algo, images, updates
+        cfg = dataclasses.replace(trainer, batch_size=images // world, grad_accum=k // updates, shuffle=False,
+                                  drop_last=True)
+        self.schedule = IterationSchedule(pool, cfg.max_steps, k // updates, updates, images, cfg.seed)
+        self.learner = GRPOLearner(policy, algo, reward, heldout, self.schedule, Path(out_dir), eval_every, eval_seed)
+        self.trainer = Trainer(self.learner, self.schedule, cfg, out_dir, run_config)
+
+    @property
+    def iteration(self) -> int:
+        return self.trainer.step // self.updates
+
+    @property
+    def rollouts(self) -> int:
+        return self.iteration * self.images * self.algo.fresh
+
+    @property
+    def bank(self):
+        return self.learner.bank
+
+    @property
+    def curve(self) -> list[dict[str, Any]]:
+        return self.learner.curve
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``trainer.max_steps`` (resuming from the newest checkpoint), then evaluate the final weights."""
+        result = self.trainer.fit()
+        if not self.curve or self.curve[-1]["iteration"] != self.iteration:
+            self.trainer.call_model("evaluate", self.iteration)
+        return {"iteration": self.iteration, "rollouts": self.rollouts, "curve": self.curve, "step": result["step"],
+                "metrics": result["metrics"], "seconds": result["seconds"]}
+
+    def step(self) -> dict[str, float]:
+        """One more iteration through the trainer (a checkpoint after it); its statistics.
+
+        ``update_s`` is its time without the rollouts and the held-out evaluation (the updates and the checkpoint).
+        """
+        cfg = self.trainer.cfg
+        if self.trainer.step + self.updates > self.schedule.steps:
+            raise ConfigError(f"the runner was built for trainer.max_steps={self.schedule.steps}")
+        cfg.max_steps = self.trainer.step + self.updates
+        self.learner.history = []
         t0 = time.perf_counter()
-        while self.iteration < iterations:
-            stats = self.step()
-            if self.iteration % self.cfg.log_every == 0 or self.iteration == iterations:
-                logger.log(self.iteration, stats)
-            if self.iteration % self.eval_every == 0 or self.iteration == iterations:
-                e = self.evaluate()
-                logger.log(self.iteration, {"heldout_reward": e["reward"]})
-                log.info("iteration %d (%d rollouts, %.0f s): train %.4f held-out %.4f, ratio dev first %.1e",
-                         self.iteration, self.rollouts, time.perf_counter() - t0, stats["train_reward"], e["reward"],
-                         stats["ratio_dev_first"])
-            if self.iteration % self.cfg.ckpt_every == 0 or self.iteration == iterations:
-                self.save()
-        logger.close()
-        return {"iteration": self.iteration, "rollouts": self.rollouts, "curve": self.curve}
+        self.trainer.fit()
+        cfg.resume = False  # the trainer's state is this process's from now on
+        wall = time.perf_counter() - t0
+        h = self.learner.history
+        first = [r for r in h if "ratio_dev_first" in r]
+        later = [r for r in h if "ratio_dev" in r]
+        stats = {k: v for k, v in h[-1].items() if k not in ("ratio_dev_first", "ratio_dev", "loss", "clipped")}
+        return {**stats, "loss": sum(r["loss"] for r in h) / len(h), "clipped": sum(r["clipped"] for r in h) / len(h),
+                "ratio_dev_first": max((r["ratio_dev_first"] for r in first), default=0.0),
+                "ratio_dev": max((r["ratio_dev"] for r in later), default=0.0),
+                "update_s": wall - stats["rollout_s"] - stats["eval_s"]}
 
 
 # ------------------------------------------------------------------------------------------------ tasks
@@ -352,6 +515,7 @@ def train(cfg) -> dict[str, Any]:
     """Post-train the pretrained I2V model with ``cfg.algo`` (see the module docstring)."""
     from core.bootstrap import prepare_process
     from core.distributed import resolve_device
+    from perception.i2v_rl.policy import I2VPolicy
     from perception.i2v_rl.rewards import CompositeReward
 
     prepare_process()
@@ -365,8 +529,16 @@ def train(cfg) -> dict[str, Any]:
     save_resolved(run_config, out_dir)
     runner = GRPORunner(policy, algo, tcfg, CompositeReward(dict(data.rewards)), pool, heldout, out_dir,
                         run_config, data.images_per_iteration, data.eval_every, data.eval_seed)
-    result = runner.fit(tcfg.max_steps)
+    result = runner.fit()
     first, last = result["curve"][0], result["curve"][-1]
+    weights = runner.trainer.full_state_dict()  # gathered to rank 0 under FSDP (a collective)
+    out = {"iteration": result["iteration"], "rollouts": result["rollouts"], "reward_before": first["reward"],
+           "reward_after": last["reward"], "policy": str(out_dir / POLICY_DIR)}
+    if not runner.trainer.dist.is_main:
+        return out
+    if runner.trainer.strategy == "fsdp":  # the policy holds shards: export a plain copy with the full weights
+        policy = I2VPolicy(policy.config)
+        policy.load_state_dict(weights)
     policy.save_pretrained(
         out_dir / POLICY_DIR, run_config={k: v for k, v in run_config.items() if k not in ("model",)},
         card={"post_training": f"{algo.name} (perception/i2v_rl), {result['iteration']} iterations, "
@@ -380,8 +552,7 @@ def train(cfg) -> dict[str, Any]:
         body="Image-to-video policy post-trained by `embodied train tagrpo` (see perception/i2v_rl/README.md).\n")
     log.info("%s: held-out reward %.4f -> %.4f over %d rollouts", algo.name, first["reward"], last["reward"],
              result["rollouts"])
-    return {"iteration": result["iteration"], "rollouts": result["rollouts"], "reward_before": first["reward"],
-            "reward_after": last["reward"], "policy": str(out_dir / POLICY_DIR)}
+    return out
 
 
 @torch.no_grad()

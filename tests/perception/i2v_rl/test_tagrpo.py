@@ -4,6 +4,7 @@ moving towards the high-reward trajectory, the memory bank, resume, the configs 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from core.config import TrainerConfig, compose
 from core.errors import ConfigError, DataError
+from core.logging import read_metrics
 from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
 from perception.i2v_rl.grpo import (
     BankEntry,
@@ -150,6 +152,28 @@ def test_contrastive_gradient_points_from_the_prediction_to_the_advantage_weight
     torch.testing.assert_close(-new.grad, expect / (k * sigma**2 * d), rtol=1e-4, atol=1e-6)
 
 
+def test_policy_training_step_is_one_groups_loss(tmp_path):
+    """``I2VPolicy.training_step`` (the contract's training step): TAGRPO's loss of one group at one step; ratio 1
+    when the recorded means are the policy's, DanceGRPO's loss with ``weight = 0``."""
+    policy = tiny_policy(tmp_path)
+    pool = scripted_set(1)
+    imgs = pool.images.expand(3, -1, -1, -1)
+    first = policy.encode_first(imgs)
+    g = torch.Generator().manual_seed(0)
+    traj = policy.rollout(first, policy.initial_noise(3, g), 0.7, g)
+    adv = group_advantages(torch.tensor([0.0, 1.0, 3.0]))
+    batch = {"first": first, "state": traj.latents[:, 2], "step": torch.tensor(2), "old_mean": traj.means[:, 2],
+             "targets": traj.latents[:, 3], "adv": adv, "own": torch.arange(3), "eta": torch.tensor(0.7),
+             "clip": torch.tensor(0.2), "weight": torch.tensor(1.0)}
+    out = policy.training_step(batch)
+    assert out["ratio_dev"] == 0.0
+    mean, std = policy.transition(first, traj.latents[:, 2], 2, 0.7)
+    ref, _ = contrastive_loss(mean, traj.means[:, 2], traj.latents[:, 3], std, adv, torch.arange(3), 0.2, 1.0)
+    assert torch.equal(out["loss"], ref)
+    dance, _ = grpo_loss(mean, traj.means[:, 2], traj.latents[:, 3], std, adv, 0.2)
+    torch.testing.assert_close(policy.training_step({**batch, "weight": torch.tensor(0.0)})["loss"], dance)
+
+
 def test_group_advantages_are_normalised_per_group_and_reject_nan():
     r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [5.0, 5.0, 5.0, 5.0]])
     a = group_advantages(r)
@@ -185,14 +209,19 @@ def test_memory_bank_is_fifo_and_bounded_and_round_trips():
 
 
 # -- the runner ---------------------------------------------------------------------------------------------
-def _runner(tmp_path, algo: AlgoConfig, seed: int = 0, **trainer_kw) -> GRPORunner:
-    tcfg = TrainerConfig(**{"seed": seed, "max_steps": 4, "ckpt_every": 2, "log_every": 1, "tensorboard": False,
-                            "device": "cpu", "grad_clip": 1.0, **trainer_kw})
-    tcfg.optim.lr = 3e-3
-    tcfg.optim.weight_decay = 0.0
+def _runner(tmp_path, algo: AlgoConfig, seed: int = 0, pool: ConditioningSet | None = None, images: int = 2,
+            **trainer_kw) -> GRPORunner:
+    """A runner on the shared trainer; ``max_steps`` counts optimizer steps (``updates_per_iteration`` each)."""
+    tcfg = TrainerConfig(**{"seed": seed, "max_steps": 8, "ckpt_every": 2, "log_every": 1, "tensorboard": False,
+                            "device": "cpu", "grad_clip": 1.0, "progress": False, **trainer_kw})
+    if "optim" not in trainer_kw:
+        tcfg.optim.lr = 3e-3
+        tcfg.optim.weight_decay = 0.0
     tcfg.scheduler.name = "constant"
-    return GRPORunner(tiny_policy(tmp_path), algo, tcfg, CompositeReward({"psnr": 1.0}), scripted_set(4),
-                      scripted_set(2, seed=9), tmp_path, images_per_iteration=2, eval_every=2)
+    tcfg.scheduler.warmup_steps = 0
+    return GRPORunner(tiny_policy(tmp_path), algo, tcfg, CompositeReward({"psnr": 1.0}),
+                      scripted_set(4) if pool is None else pool, scripted_set(2, seed=9), tmp_path,
+                      images_per_iteration=images, eval_every=2)
 
 
 @pytest.mark.parametrize("loss", ["contrastive", "grpo"])
@@ -204,6 +233,9 @@ def test_ratio_is_exactly_one_before_the_first_update_and_not_after(tmp_path, lo
         assert st["ratio_dev_first"] == 0.0  # bit-exact: same inputs, same batch, same weights
         assert st["ratio_dev"] > 0.0  # the second chunk runs after an optimizer step
     assert runner.rollouts == 3 * 2 * 4 and len(runner.bank) == 24 - 8  # 16 = capacity
+    rows = [r for r in read_metrics(tmp_path) if "ratio_dev_first" in r or "ratio_dev" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # metrics.jsonl: one row per optimizer step
+    assert all(r["ratio_dev_first"] == 0.0 for r in rows[0::2]) and all(r["ratio_dev"] > 0 for r in rows[1::2])
 
 
 def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp_path):
@@ -264,9 +296,7 @@ def test_one_update_moves_predicted_latents_towards_the_high_reward_trajectory(t
 
 def test_bank_targets_and_reuse_enter_the_group(tmp_path):
     algo = AlgoConfig(loss="contrastive", noise="same", group_size=4, fresh_per_group=2, bank_size=64)
-    runner = _runner(tmp_path, algo)
-    runner.images_per_iteration = 1
-    runner.pool = scripted_set(1)  # one image: every later iteration finds banked rollouts of it
+    runner = _runner(tmp_path, algo, pool=scripted_set(1), images=1)  # every later iteration finds it banked
     first = runner.step()
     assert first["targets_per_group"] == 2 and runner.rollouts == 2  # nothing banked yet
     runner.step()
@@ -275,18 +305,69 @@ def test_bank_targets_and_reuse_enter_the_group(tmp_path):
     assert third["targets_per_group"] == 2 + 2 + 2  # fresh + reused (G - fresh) + the bank's other rollouts
 
 
-def test_resume_after_a_kill_continues_bit_exactly(tmp_path):
+def _same_policy_weights(a: GRPORunner, b: GRPORunner, exact: bool = True) -> None:
+    for (n, p), q in zip(a.policy.trainable().named_parameters(), b.policy.trainable().parameters(), strict=True):
+        if exact:
+            assert torch.equal(p, q), n
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kill_after", [4, 3])  # between iterations; inside one (after its first update)
+def test_resume_after_a_kill_continues_bit_exactly(tmp_path, kill_after):
+    """N optimizer steps straight == the same run killed after its step-k checkpoint and started again: weights,
+    optimizer, the memory bank and the held-out curve come back from the trainer's checkpoint."""
+    from core import checkpoint as ckpt
+
     algo = AlgoConfig(loss="contrastive", noise="same", group_size=3, bank_size=8)
-    straight = _runner(tmp_path / "a", algo)
-    straight.fit(4)
-    first = _runner(tmp_path / "b", algo)
-    first.fit(2)  # "killed" after the step-2 checkpoint
-    resumed = _runner(tmp_path / "b", algo)
-    resumed.fit(4)
-    for p, q in zip(straight.policy.trainable().parameters(), resumed.policy.trainable().parameters(), strict=True):
-        assert torch.equal(p, q)
-    assert straight.curve == resumed.curve and resumed.rollouts == straight.rollouts
-    assert [e.iteration for e in resumed.bank] == [e.iteration for e in straight.bank]
+    straight = _runner(tmp_path / "a", algo, ckpt_every=1, keep_last=10)
+    straight.fit()
+    killed = tmp_path / "b" / "checkpoints"
+    killed.mkdir(parents=True)
+    import shutil
+
+    name = f"step_{kill_after:08d}"  # only the step-k checkpoint survived the kill
+    shutil.copytree(tmp_path / "a" / "checkpoints" / name, killed / name)
+    ckpt.mark_latest(killed, name)
+    st = ckpt.load_checkpoint(killed)["training_state"]["model_state"][0]
+    assert (st["pending"] is None) == (kill_after % 2 == 0)  # inside an iteration its rollouts are kept
+    resumed = _runner(tmp_path / "b", algo, ckpt_every=1)
+    resumed.fit()
+    _same_policy_weights(straight, resumed)
+    assert straight.curve == resumed.curve and resumed.rollouts == straight.rollouts == 4 * 2 * 3
+    assert [(e.image, e.iteration, e.reward) for e in resumed.bank] == [(e.image, e.iteration, e.reward)
+                                                                        for e in straight.bank]
+    moved = tiny_policy(tmp_path / "c")  # and training moved the weights: the equality is not trivial
+    assert not all(torch.equal(p, q) for p, q in zip(moved.trainable().parameters(),
+                                                     straight.policy.trainable().parameters(), strict=True))
+
+
+@pytest.mark.parametrize("noise", ["same", "independent"])
+def test_gradient_checkpointing_and_bf16_autocast_keep_the_algorithm(tmp_path, noise):
+    """``trainer.gradient_checkpointing`` gives the same updates; under bf16 autocast (``trainer.precision``)
+    the first update's ratios are still exactly 1 (rollouts and updates share the precision) and the run learns."""
+    from core.layers.checkpointing import is_checkpointed
+
+    algo = AlgoConfig(loss="contrastive", noise=noise, group_size=3, bank_size=8)
+    plain = _runner(tmp_path / "plain", algo, max_steps=4)
+    plain.fit()
+    ckpt_run = _runner(tmp_path / "ckpt", algo, max_steps=4, gradient_checkpointing=True)
+    assert all(is_checkpointed(b) for b in ckpt_run.policy.trainable().blocks)
+    ckpt_run.fit()
+    _same_policy_weights(plain, ckpt_run, exact=False)
+    bf16 = _runner(tmp_path / "bf16", algo, max_steps=4, precision="bf16")
+    assert bf16.trainer.autocast_dtype == torch.bfloat16
+    st = bf16.step()
+    assert st["ratio_dev_first"] == 0.0 and st["ratio_dev"] > 0 and math.isfinite(st["loss"])
+
+
+def test_the_runner_refuses_what_the_schedule_cannot_split(tmp_path):
+    with pytest.raises(ConfigError, match="updates_per_iteration"):
+        _runner(tmp_path, AlgoConfig(updates_per_iteration=3, group_size=3))  # 4 sampling steps
+    with pytest.raises(ConfigError, match="max_steps"):
+        _runner(tmp_path, AlgoConfig(group_size=3), max_steps=3)
+    with pytest.raises(ConfigError, match="grad_accum"):
+        _runner(tmp_path, AlgoConfig(group_size=3), grad_accum=2)
 
 
 # -- configs and the CLI ------------------------------------------------------------------------------------
@@ -440,10 +521,11 @@ def test_train_and_evaluate_end_to_end(tmp_path):
             f"model.base_path={base}", f"data.root={tmp_path / 'data'}", f"data.test_root={tmp_path / 'test'}",
             "data.size=16", "data.render_n=3", "data.render_frames=6", "data.test_n=2", "data.test_frames=6",
             "data.heldout_images=2", "data.train_images=2", "data.eval_every=2", f"out_dir={tmp_path / 'run'}"]
-    result = task.train(compose(over))
-    assert result["iteration"] == 4 and result["rollouts"] == 4 * 2 * 2
+    result = task.train(compose(over))  # debug=tiny: 4 optimizer steps, 2 per iteration
+    assert result["iteration"] == 2 and result["rollouts"] == 2 * 2 * 2
     curve = read_json(tmp_path / "run" / "curve.json")["curve"]
-    assert [c["iteration"] for c in curve] == [0, 2, 4] and curve[-1]["rollouts"] == 16
+    assert [c["iteration"] for c in curve] == [0, 2] and curve[-1]["rollouts"] == 8
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 2, 3, 4]
     assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
     exported = load_pretrained(tmp_path / "run" / "policy")  # a TAGRPO policy folder around the base
     assert isinstance(exported, I2VPolicy) and Path(exported.config.base_path) == base.resolve()
@@ -510,3 +592,71 @@ def test_experiment_summary_aggregates_seeds_by_iteration(tmp_path):
     assert row["gain_per_seed"] == [1.0, 3.0] and row["diagnostics"]["tuned"]["psnr"]["mean"] == 12.0
     assert row["eval_gain"]["mean"] == 2.0  # the other arm's eval.json is not mixed in
     assert "| tagrpo | 2 | 5 | 80 |" in table([row])
+
+
+# -- scaling: FSDP2 on 2 processes ----------------------------------------------------------------------------
+# plain SGD: Adam would blow the reduction-order noise of the sharded gradients up to a fraction of its lr
+SGD = {"name": "sgd", "lr": 0.5, "momentum": 0.0, "weight_decay": 0.0}
+_FSDP_CHILD = """
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, {tests!r})
+from test_tagrpo import _runner, tiny_base
+from perception.i2v_rl.configuration_tagrpo import AlgoConfig
+from test_tagrpo import SGD
+
+out = Path(sys.argv[1])
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    tiny_base(out)  # the base, written once
+dist.barrier()
+algo = AlgoConfig(loss="contrastive", noise="same", group_size=3, bank_size=8)
+_runner(out, algo, max_steps=4, strategy="fsdp", gradient_checkpointing=True, optim=SGD).fit()
+"""
+
+
+@pytest.mark.slow  # 75-90 s measured on the 2 shared CPU cores at load 5 (33 s of CPU for both processes)
+def test_fsdp_on_two_processes_equals_one_process(tmp_path):
+    """torchrun, 2 gloo processes under ``trainer.strategy=fsdp`` (with gradient checkpointing), each rolling out
+    one of the iteration's 2 images == 1 plain process rolling out both: same rollouts, bank, curve and weights."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from core import checkpoint as ckpt
+
+    algo = AlgoConfig(loss="contrastive", noise="same", group_size=3, bank_size=8)
+    single = _runner(tmp_path / "single", algo, max_steps=4, optim=SGD)
+    single.fit()
+    script = tmp_path / "child.py"
+    script.write_text(_FSDP_CHILD.format(tests=str(Path(__file__).parent)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           f"--rdzv-endpoint=127.0.0.1:{port}", str(script), str(tmp_path / "fsdp")]
+    res = subprocess.run(cmd, env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = ckpt.load_weights(ckpt.resolve_checkpoint(tmp_path / "fsdp") / ckpt.MODEL_FILE)  # gathered, full
+    ref = ckpt.load_weights(ckpt.resolve_checkpoint(tmp_path / "single") / ckpt.MODEL_FILE)
+    init = {f"backbone.{k}": v for k, v in tiny_backbone().state_dict().items()}
+    assert got.keys() == ref.keys() == init.keys()
+    # reduction order (reduce-scatter, the sharded grad-norm) only: 4 SGD steps move the weights 1000x further
+    diff = max(float((got[k] - ref[k]).abs().max()) for k in ref)
+    moved = max(float((ref[k] - init[k]).abs().max()) for k in ref)
+    assert diff < 1e-3 * moved and moved > 1e-3, (diff, moved)
+    fsdp_state = ckpt.load_checkpoint(tmp_path / "fsdp")["training_state"]
+    banks = [s["bank"] for s in fsdp_state["model_state"]]
+    assert len(banks) == 2 and banks[0]["added"] == banks[1]["added"] == single.bank.added == 12  # one bank
+    assert banks[0]["entries"][-1]["iteration"] == 1 and len(banks[1]["entries"]) == len(single.bank) == 8
+    assert [e["reward"] for e in banks[0]["entries"]] == pytest.approx([e.reward for e in single.bank], abs=1e-4)
+    curve = json.loads((tmp_path / "fsdp" / "curve.json").read_text())["curve"]
+    assert [c["iteration"] for c in curve] == [c["iteration"] for c in single.curve] == [0, 2]
+    assert [c["reward"] for c in curve] == pytest.approx([c["reward"] for c in single.curve], abs=1e-4)
