@@ -60,6 +60,7 @@ from core.vlm import (
     language_model,
     mm_token_type_ids,
     next_token_loss,
+    vision_tower,
     vlm_inputs,
 )
 from driving.automot.configuration_automot import AutoMoTConfig, DrivingVLAConfig
@@ -246,6 +247,19 @@ def _project(layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin), v
 
 
+def joint_parts(layer: nn.Module) -> list[nn.Module]:
+    """The submodules of a decoder / expert layer that the joint stack calls (``_project`` and ``_finish``).
+
+    The joint stack never calls a layer's own ``forward``: it calls these parts one by one, each through its
+    ``__call__``. They are therefore the units FSDP gathers (its pre-forward hook runs on a unit's ``__call__``)
+    -- a whole layer as a unit would never be gathered here.
+    """
+    attn = layer.self_attn
+    parts = [layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj]
+    parts += [m for m in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)) if isinstance(m, nn.Module)]
+    return [*parts, attn.o_proj, layer.post_attention_layernorm, layer.mlp]
+
+
 def _finish(layer: nn.Module, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
     """Residual o-projection, then the residual MLP block, with ``layer``'s own weights."""
     h = h + layer.self_attn.o_proj(attn_out)
@@ -370,6 +384,29 @@ class AutoMoT(nn.Module):
     @property
     def _dtype(self) -> torch.dtype:
         return self.reason_queries.dtype
+
+    # -- scaling -------------------------------------------------------------------------------------------------
+    def fsdp_units(self) -> list[nn.Module]:
+        """The modules FSDP shards as units of their own: the vision blocks (called whole by the VLM) and, of
+        every layer of both streams, the parts the joint stack calls (``joint_parts``). The rest (embeddings,
+        final norms, LM head -- read directly by the meta-action head -- and the action tokens' layers) belong
+        to the root, gathered for the whole step."""
+        units: list[nn.Module] = []
+        if self.vlm is not None:
+            units += list(vision_tower(self.vlm).blocks)
+            for layer in decoder_layers(self.vlm):
+                units += joint_parts(layer)
+        for layer in self.layers:
+            units += joint_parts(layer)
+        return units
+
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The modules gradient checkpointing recomputes: the vision blocks and every layer's MLP (the largest
+        activations: 3 x intermediate size per token) of both streams; each is also an FSDP unit of its own, so
+        the recompute runs inside the unit's gathered parameters. Attention activations are kept."""
+        units: list[nn.Module] = list(vision_tower(self.vlm).blocks) if self.vlm is not None else []
+        layers = [*(decoder_layers(self.vlm) if self.vlm is not None else []), *self.layers]
+        return units + [layer.mlp for layer in layers]
 
     # -- inputs --------------------------------------------------------------------------------------------------
     def _check(self, batch: dict[str, Any], need_text: bool) -> int:
@@ -717,6 +754,14 @@ class DrivingVLA(PreTrainedModel):
         if getattr(self, "stage", "vla") == "refiner":
             self.mot.eval()  # the refiner learns from the VLA as it runs at inference
         return self
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """``AutoMoT.fsdp_units`` and the refiner's blocks."""
+        return self.mot.fsdp_units() + (list(self.refiner.blocks) if self.refiner is not None else [])
+
+    def checkpoint_units(self) -> list[nn.Module]:
+        """``AutoMoT.checkpoint_units`` and the refiner's blocks (what ``enable_gradient_checkpointing`` wraps)."""
+        return self.mot.checkpoint_units() + (list(self.refiner.blocks) if self.refiner is not None else [])
 
     def forward(self, batch: dict[str, Any]) -> AutoMoTOutput:
         """The joint model's output (``AutoMoT.forward``)."""

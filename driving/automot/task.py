@@ -305,13 +305,15 @@ def train(cfg) -> dict[str, Any]:
              tcfg.max_steps, sum(p.numel() for p in vla.parameters() if p.requires_grad))
     trainer = Trainer(vla, ds, tcfg, out_dir / "vla", run_config=run_config, collate_fn=collate)
     results = {"vla": trainer.fit()["metrics"]}
+    trainer.release()  # FSDP: plain parameters again, for the refiner stage and save_pretrained
     if vla.refiner is not None:
         seed_everything(tcfg.seed + 1)
         vla.set_stage("refiner")
         rcfg = dataclasses.replace(tcfg, max_steps=model_cfg.refiner_steps, ema_decay=None,
                                    optim=dataclasses.replace(tcfg.optim, lr=model_cfg.refiner_lr))
-        results["refiner"] = Trainer(vla, ds, rcfg, out_dir / "refiner", run_config=run_config,
-                                     collate_fn=collate).fit()["metrics"]
+        trainer = Trainer(vla, ds, rcfg, out_dir / "refiner", run_config=run_config, collate_fn=collate)
+        results["refiner"] = trainer.fit()["metrics"]
+        trainer.release()
     vla.set_stage("vla")
     command = (f"embodied train automot model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
                f"trainer.max_steps={tcfg.max_steps}")

@@ -123,8 +123,9 @@ def pretrain_vae(model, dataset, trainer_cfg: TrainerConfig, model_cfg: TransNor
         trainer_cfg, max_steps=steps, ckpt_every=steps, ema_decay=None, grad_clip=1.0,
         optim=dataclasses.replace(trainer_cfg.optim, lr=model_cfg.vae_pretrain_lr, param_group_lrs={}),
         scheduler=dataclasses.replace(trainer_cfg.scheduler, warmup_steps=min(50, steps // 10)))
-    result = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"},
-                     transforms=transforms).fit()
+    trainer = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"}, transforms=transforms)
+    result = trainer.fit()
+    trainer.release()  # under FSDP: plain parameters again for the UNet stage, which shards anew
     model.vae.requires_grad_(False)
     log.info("VAE stage: %s", result["metrics"])
     return float(1.0 / ae.latent_std.clamp_min(1e-6))

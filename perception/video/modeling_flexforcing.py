@@ -287,6 +287,21 @@ class FlexForcingModel(PreTrainedModel):
         loss = err[:, ctx:].mean()
         return {"loss": loss, "context_frames": torch.tensor(float(ctx)), "chunks": torch.tensor(float(n_chunks))}
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """What FSDP shards unit by unit: the VAE's blocks and the DiT's blocks.
+
+        The per-layer key projections (``dit.kproj``) stay with the root (gathered for the whole step): a step
+        calls each once per chunk, and the chunking is drawn per rank, so as units of their own they would be
+        gathered a different number of times on different ranks (a collective mismatch).
+        """
+        from core.layers.checkpointing import block_units
+
+        return [m for _, m in block_units(self.vae)] + list(self.dit.blocks)
+
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The blocks gradient checkpointing recomputes: the same as ``fsdp_units``."""
+        return self.fsdp_units()
+
     def forward(self, *args, **kwargs):
         return self.dit(*args, **kwargs)
 

@@ -104,7 +104,9 @@ def pretrain_vae(model, dataset, trainer_cfg: TrainerConfig, model_cfg: FlexForc
         batch_size=max(1, model_cfg.vae_batch_frames // model_cfg.num_frames),
         optim=dataclasses.replace(trainer_cfg.optim, lr=model_cfg.vae_pretrain_lr, param_group_lrs={}),
         scheduler=dataclasses.replace(trainer_cfg.scheduler, warmup_steps=min(50, steps // 10)))
-    result = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"}).fit()
+    trainer = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"})
+    result = trainer.fit()
+    trainer.release()  # FSDP: the VAE's full parameters back, for the latent statistics and the DiT stage
     model.vae.requires_grad_(False)
     log.info("VAE stage: %s", result["metrics"])
     return result["metrics"]

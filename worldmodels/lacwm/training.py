@@ -97,7 +97,9 @@ def pretrain(model_cfg: LACWMConfig, files: dict[str, list[Path]], trainer_cfg: 
         model.set_motion_stats(*motion_stats(ds))
     rc = {**run_config, "model": dataclasses.asdict(model_cfg)}
     log.info("pretraining %s on %d transitions of %s", model_cfg.conditioning, len(ds), list(dims))
-    Trainer(model, ds, trainer_cfg, out_dir, run_config=rc).fit()
+    trainer = Trainer(model, ds, trainer_cfg, out_dir, run_config=rc)
+    trainer.fit()
+    trainer.release()  # under FSDP: plain parameters again for adaptation / saving
     return model.cpu()
 
 
@@ -122,7 +124,9 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
         wrapper = AdaptationStage(model, stage, held_out, a.align_weight)
         tc = dataclasses.replace(trainer_cfg, max_steps=steps, batch_size=min(a.batch_size, len(ds)),
                                  ckpt_every=steps, optim=dataclasses.replace(trainer_cfg.optim, lr=a.lr))
-        Trainer(wrapper, ds, tc, out_dir / ("scratch" if scratch else "adapt") / stage, run_config=run_config).fit()
+        trainer = Trainer(wrapper, ds, tc, out_dir / ("scratch" if scratch else "adapt") / stage, run_config=run_config)
+        trainer.fit()
+        trainer.release()  # the next stage (or the save below) needs plain parameters under FSDP
     model = model.cpu().eval()
     for p in model.parameters():
         p.requires_grad_(True)

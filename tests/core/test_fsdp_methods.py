@@ -1,0 +1,89 @@
+"""Every multi-stage method trains end to end under ``trainer=fsdp`` on 2 gloo processes (torchrun, CPU), through
+the CLI, and leaves a checkpoint a plain process loads.
+
+What this guards: a model whose forward reads a unit's parameters without calling that unit (AutoMoT's joint
+stack), a unit called a rank-dependent number of times (Flex-Forcing's key projections), and a stage that uses
+the model after an FSDP stage (``Trainer.release``). Slow: each method is a real tiny training run (~1 minute).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from core import checkpoint as ckpt
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tiny(method: str, tmp: Path) -> list[str]:
+    """Overrides that shrink a method's data and model to seconds (on top of ``debug=tiny``)."""
+    if method == "automot":
+        return ["model=automot_tiny", "data.episodes=1", "data.test_episodes=1", "data.scenarios=[highway,merge]",
+                "data.horizon_s=3", "data.workers=1", "data.eval_episodes=0", "trainer.max_steps=3",
+                "trainer.batch_size=4", "trainer.ckpt_every=100", "model.refiner_steps=3",
+                f"data.root={tmp / 'data'}", f"model.base_path={tmp / 'base'}"]
+    if method == "flexforcing":
+        return ["model=flexforcing_tiny", "data.size=16", "data.render_n=8", "data.render_frames=8", "data.test_n=2",
+                "data.test_frames=8", "data.eval_frames=8", f"data.root={tmp / 'data'}",
+                f"data.test_root={tmp / 'test'}"]
+    raise AssertionError(method)
+
+
+def _checkpoint(method: str, out: Path) -> Path:
+    """The run's final trained weights (a folder ``ckpt.load_weights`` / the method's loader reads)."""
+    if method == "automot":
+        return out / "policy"
+    return ckpt.resolve_checkpoint(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(args: list[str], nproc: int | None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "embodied", "train", *args]
+    if nproc:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "embodied", "train", *args]
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("method", ["automot", "flexforcing"])
+def test_method_trains_under_two_process_fsdp(method, precision, tmp_path):
+    tiny = ["debug=tiny", *_tiny(method, tmp_path)]
+    if method == "automot":  # the base VLM is pretrained by a single process (a distributed run refuses to)
+        prep = _train([method, *tiny, f"out_dir={tmp_path / 'prep'}", "trainer.max_steps=1", "model.refiner_steps=0"],
+                      None)
+        assert prep.returncode == 0, prep.stderr[-3000:]
+    out = tmp_path / "fsdp"
+    res = _train([method, *tiny, "trainer=fsdp", f"trainer.precision={precision}", f"out_dir={out}"], 2)
+    assert res.returncode == 0, res.stderr[-4000:]
+    folder = _checkpoint(method, out)
+    weights = ckpt.load_weights(folder / ckpt.MODEL_FILE)
+    assert weights and all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
+    assert not any("_fsdp" in k or "DTensor" in type(v).__name__ for k, v in weights.items())
+    if method == "automot":
+        from driving.automot.task import load_policy
+
+        policy = load_policy(out)  # strict: every key and shape
+        assert policy.refiner is not None
+    else:
+        from core.config import compose, to_object
+        from perception.video.modeling_flexforcing import FlexForcingModel
+
+        model = FlexForcingModel(to_object(compose([f"experiment={method}", *tiny]).model))
+        ckpt.load_checkpoint(out, model)  # strict: every key and shape
+        assert model.latent_std.min() > 0 and not torch.equal(model.latent_std, torch.ones_like(model.latent_std))
