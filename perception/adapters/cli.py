@@ -5,7 +5,8 @@ images from an adapted diffusion model (any arm of ``embodied train fera``: FeRA
 adapted model itself (e.g. ``assets/checkpoints/fera/fera``). The samples are Euler-ODE draws from pure noise
 (FeRA routes each step by the latent's frequency energy), written as PNGs; ``--steps`` defaults to the run's
 ``model.sample_steps``. ``--base`` samples the unadapted base instead, with the same noise, for a side-by-side
-look. The output folder follows the CLI's policy (``core.outputs``: staged, renamed into place on success):
+look (the adapter switched off). A latent base (a diffusers model) samples with its own objective's sampler and
+decodes through its VAE; a Wan base's clips are written as their frames side by side. The output folder follows the CLI's policy (``core.outputs``: staged, renamed into place on success):
 ``grid.png`` and ``samples/NNN.png``.
 """
 
@@ -21,11 +22,11 @@ def infer(args) -> int:
     """Write ``grid.png`` and ``samples/NNN.png`` of ``args.n`` samples into ``args.out``; returns 0."""
     from core.checkpoint import CONFIG_FILE
     from core.data.images import write_image
+    from core.distributed import resolve_device
     from core.io import read_json
     from core.viz import image_grid
-    from perception.adapters.backbones import load_denoiser, sample_images
     from perception.adapters.configuration_fera import FeRAModelConfig
-    from perception.adapters.task import load_adapted
+    from perception.adapters.task import load_adapted, sample_pixels
 
     out = Path(args.out)  # the staged folder core.outputs claimed for us
     if args.n < 1 or (args.steps is not None and args.steps < 1):
@@ -34,11 +35,16 @@ def infer(args) -> int:
     if not (run / CONFIG_FILE).is_file():
         raise DataError(run, "has no config.json (not an `embodied train fera` run folder)")
     model = load_adapted(run)
-    config = read_json(run / CONFIG_FILE)
-    section = config.get("base_model") or config.get("model") or {}  # an exported model's / the run's
-    steps = args.steps or section.get("sample_steps", FeRAModelConfig.sample_steps)
-    denoiser = load_denoiser(model.config.base_path) if args.base else model.denoiser
-    imgs = sample_images(denoiser, args.n, steps=steps, seed=args.seed)
+    if model.is_latent:
+        model.to(resolve_device("auto"))
+        steps = args.steps or model.config.latent.sample_steps
+    else:
+        config = read_json(run / CONFIG_FILE)
+        section = config.get("base_model") or config.get("model") or {}  # an exported model's / the run's
+        steps = args.steps or section.get("sample_steps", FeRAModelConfig.sample_steps)
+    imgs = sample_pixels(model, args.n, steps, seed=args.seed, base=args.base)
+    if imgs.dim() == 5:  # clips (n, 3, F, H, W): each sample is its frames side by side
+        imgs = imgs.permute(0, 1, 3, 2, 4).flatten(-2)
     grid = image_grid(imgs.permute(0, 2, 3, 1).numpy(), cols=math.ceil(math.sqrt(args.n)))
     h, w = imgs.shape[-2:]
     (out / "samples").mkdir(parents=True, exist_ok=True)

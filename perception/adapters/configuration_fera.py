@@ -134,26 +134,63 @@ class BackboneConfig:
 
 
 
+OBJECTIVES = ("auto", "flow", "epsilon", "v_prediction")
+BASE_DTYPES = ("float32", "bfloat16", "float16")
+
+
 @schema("model", "fera_model_schema")
 @dataclass
 class FeRAModelConfig(BackboneConfig):
-    """The backbone (``BackboneConfig``) and how its base is pretrained on the source domain."""
+    """The base FeRA adapts: a user's diffusers model in its latent space, or the workspace's pixel-space base.
 
-    # the base: pretrained on the source domain into base_path when that folder has no checkpoint yet
-    base_path: str = "outputs/fera/base_unet_32"
+    ``base_path``: the base, opened read-only and never written: a diffusers pipeline folder (``model_index.json``
+    with ``unet/`` or ``transformer/`` and ``vae/``) or model folder (``UNet2DConditionModel``, DiT
+    ``DiTTransformer2DModel`` / ``Transformer2DModel``, ``WanTransformer3DModel``), with its VAE folder in
+    ``vae_path`` (empty: the pipeline's ``vae/``) -- see ``perception.adapters.latent``; or an exported pixel
+    base (``FlowDenoiser.save_pretrained``) or a finished base run of this workspace. Empty: the pixel base is
+    pretrained on the source domain into ``pretrain_dir`` (empty: ``<out_dir>/base``).
+
+    Latent bases: ``image_size`` is the pixel resolution the shots are encoded at (``frames`` frames per clip
+    for Wan, ``1 + 4 k``); ``objective`` (auto: the pipeline's scheduler), ``flow_shift``; the fixed text
+    conditioning (``prompt`` through the pipeline's text encoder when it has one, else ``prompt_embeds`` (a
+    ``.safetensors`` file), else a fixed Gaussian embedding of ``prompt_tokens`` tokens); ``class_label`` of a
+    DiT (None: the null class); ``base_dtype`` of the base and its VAE. The pixel backbone's sizes
+    (``BackboneConfig``) are then unused.
+    """
+
+    base_path: str = ""
+    vae_path: str = ""
+    pretrain_dir: str = ""  # the pixel base's pretraining run (empty: <out_dir>/base); never base_path
     pretrain_steps: int = 1500
     pretrain_lr: float = 1.0e-3
     pretrain_batch: int = 32
     sample_steps: int = 20
+    frames: int = 1
+    objective: str = "auto"
+    flow_shift: float | None = None
+    prompt: str = ""
+    prompt_embeds: str = ""
+    prompt_tokens: int = 77
+    class_label: int | None = None
+    base_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pretrain_steps < 0 or self.sample_steps < 1:
             raise ConfigError("model.pretrain_steps must be >= 0 and model.sample_steps >= 1")
+        choice("model.objective", self.objective, OBJECTIVES)
+        choice("model.base_dtype", self.base_dtype, BASE_DTYPES)
+        if self.frames < 1 or self.prompt_tokens < 1:
+            raise ConfigError(f"model.frames and model.prompt_tokens must be >= 1, got {self.frames}, "
+                              f"{self.prompt_tokens}")
 
     def backbone(self) -> BackboneConfig:
         """Just the architecture (what a base checkpoint must match)."""
         return BackboneConfig(**{f.name: getattr(self, f.name) for f in fields(BackboneConfig)})
+
+    def latent(self) -> LatentSettings:
+        """The latent-space settings the adapted model keeps (``AdaptedDenoiserConfig.latent``)."""
+        return LatentSettings(**{f.name: getattr(self, f.name) for f in fields(LatentSettings)})
 
 
 @schema("data", "fera_data_schema")
@@ -187,10 +224,31 @@ class AdaptedDenoiserConfig:
     """The model of ``embodied train fera`` (``perception.adapters.modeling_fera.AdaptedDenoiser``): one adapter
     arm on a frozen base denoiser.
 
-    ``base_path``: the base denoiser folder, referenced and opened read-only (a ``FlowDenoiser.save_pretrained``
-    folder, or the base's training run folder that ``embodied train fera`` pretrains into ``model.base_path``).
+    ``base_path``: the base, referenced and opened read-only: a diffusers pipeline / model folder (adapted in its
+    latent space, VAE in ``vae_path`` or the pipeline's ``vae/``; ``latent`` holds how), a
+    ``FlowDenoiser.save_pretrained`` folder, or the pixel base's training run folder.
     ``adapter``: the arm (FeRA, its ablations, peft LoRA / DoRA) with its hyperparameters.
     """
 
     base_path: str = ""
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    vae_path: str = ""
+    latent: LatentSettings = field(default_factory=lambda: LatentSettings())
+
+
+@dataclass
+class LatentSettings:
+    """How a diffusers base is run in its latent space (``perception.adapters.latent``; ignored for a pixel base):
+    the shots' resolution and clip length, the objective, the fixed text conditioning, the DiT class, the dtype,
+    and the sampler's steps."""
+
+    image_size: int = 32
+    frames: int = 1
+    objective: str = "auto"
+    flow_shift: float | None = None
+    prompt: str = ""
+    prompt_embeds: str = ""
+    prompt_tokens: int = 77
+    class_label: int | None = None
+    base_dtype: str = "float32"
+    sample_steps: int = 20

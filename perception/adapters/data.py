@@ -38,6 +38,7 @@ __all__ = [
     "ImageTensorDataset",
     "source_images",
     "split_frames",
+    "target_clips",
     "target_crop_plan",
     "target_images",
     "target_videos",
@@ -220,6 +221,39 @@ def target_images(split: str, size: int, n: int, seed: int = 0) -> torch.Tensor:
         crop = frames[c.video][c.frame][c.y:c.y + c.side, c.x:c.x + c.side]
         out[i] = cv2.resize(crop, (size, size), interpolation=cv2.INTER_AREA)
     return torch.from_numpy(np.ascontiguousarray(out.transpose(0, 3, 1, 2)))
+
+
+def target_clips(split: str, size: int, n: int, frames: int, seed: int = 0) -> torch.Tensor:
+    """``n`` clips of ``frames`` frames of real video (a Wan base's shots), resized to ``size``.
+
+    Clip ``i`` takes crop ``i`` of :func:`target_crop_plan` (the same plan as :func:`target_images`) and cuts that
+    box from ``frames`` consecutive frames of the split's pool (evenly spaced frames of the split, so a clip's
+    stride is the pool's: 3 frames of ``bikes.mp4``, 10 of ``vtest.avi`` in ``train``), starting at the crop's
+    frame (earlier when the pool ends first).
+
+    Returns:
+        ``(n, 3, frames, size, size)`` uint8 RGB.
+    """
+    import cv2
+
+    if size < 1 or frames < 1:
+        raise ConfigError(f"size and frames must be >= 1, got {size}, {frames}")
+    plan = target_crop_plan(split, n, seed)
+    paths = [str(p) for p in target_videos()]
+    pools = [_pool(split_frames(_probe(p)[0], split)) for p in paths]
+    if any(len(pool) < frames for pool in pools):
+        raise ConfigError(f"clips of {frames} frames need a pool that long; the {split} split has "
+                          f"{min(len(p) for p in pools)} frames")
+    decoded = [_decode(p, pool) if any(c.video == v for c in plan) else {}
+               for v, (p, pool) in enumerate(zip(paths, pools))]
+    out = np.empty((n, frames, size, size, 3), np.uint8)
+    for i, c in enumerate(plan):
+        pool = pools[c.video]
+        first = min(pool.index(c.frame), len(pool) - frames)
+        for k, f in enumerate(pool[first:first + frames]):
+            crop = decoded[c.video][f][c.y:c.y + c.side, c.x:c.x + c.side]
+            out[i, k] = cv2.resize(crop, (size, size), interpolation=cv2.INTER_AREA)
+    return torch.from_numpy(np.ascontiguousarray(out.transpose(0, 4, 1, 2, 3)))
 
 
 # ------------------------------------------------------------------------------------------------ dataset

@@ -30,7 +30,7 @@ def grid(out: Path, kind: str, size: int, arms: dict[str, tuple[str, ...]], seed
          extra: list[str]) -> ex.Grid:
     """One backbone's arm x seed grid (every arm adapts the same base, ``<out>/base_<kind>_<size>``)."""
     return ex.Grid("fera", out / f"{kind}{size}", arms, seeds,
-                   [f"model=fera_{kind}", f"model.image_size={size}", f"model.base_path={out / f'base_{kind}_{size}'}",
+                   [f"model=fera_{kind}", f"model.image_size={size}", f"model.pretrain_dir={out / f'base_{kind}_{size}'}",
                     f"trainer.max_steps={steps}", "trainer.progress=false", *extra])
 
 

@@ -8,8 +8,11 @@ What is injected:
   base linear plus ``E`` rank-``r`` LoRA experts, ``y = W x + scale * sum_e r_e B_e A_e x``; ``A_e`` is
   Kaiming-uniform, ``B_e`` zero, so the adapted model equals the base exactly at init;
 - one ``FeRARouter`` at ``model.fera_router``: a forward pre-hook on ``model`` reads the latent (keyword
-  ``sample`` / ``hidden_states`` / ``x``, else the first positional argument; a video latent ``(N, T, C, H, W)``
-  is routed on its frames' mean band energies), computes its band energies
+  ``sample`` / ``hidden_states`` / ``x``, else the first positional argument; an image latent ``(B, C, H, W)``,
+  or a video latent in either layout, ``(N, T, C, H, W)`` (frames first, the workspace's video DiT) or
+  ``(B, C, F, H, W)`` (channels first: diffusers' Wan and the other video transformers), routed on its frames'
+  mean band energies; ``config.video_layout`` names the layout, ``"auto"`` reads it from the adapted model, see
+  ``FeRARouter.layout_of``), computes its band energies
   (``perception.adapters.frequency``) and the routing weights ``softmax(MLP(e) / T)`` once per forward; every
   adapted layer of that forward reads the same ``(N, E)`` weights. ``routing="uniform"`` (the "no router"
   ablation) uses ``1 / E`` for every expert and builds no MLP.
@@ -63,6 +66,11 @@ __all__ = [
 CONFIG_FILE = "fera_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 ROUTER_NAME = "fera_router"
+#: 5-D latent layouts the router reads: frames first ``(N, T, C, H, W)``, channels first ``(B, C, F, H, W)``.
+VIDEO_LAYOUTS = ("auto", "ntchw", "bcfhw")
+#: diffusers video models whose latents are channels first ``(B, C, F, H, W)`` (class-name prefixes), for "auto"
+#: when the channel count cannot tell the two axes apart.
+CHANNELS_FIRST_MODELS = ("Wan", "SkyReels", "HunyuanVideo", "LTX", "Mochi", "Allegro", "Cosmos", "ChronoEdit")
 
 
 @dataclass
@@ -83,6 +91,7 @@ class FeRAConfig:
     routing: str = "soft"  # soft | uniform (no router: every expert weighted 1 / E)
     fecl_weight: float = 0.1  # read by the training loop, not by the layers
     latent_keys: list[str] = field(default_factory=lambda: ["sample", "hidden_states", "x"])
+    video_layout: str = "auto"  # auto | ntchw (N, T, C, H, W) | bcfhw (B, C, F, H, W): how a 5-D latent is read
 
     def __post_init__(self) -> None:
         if not self.target_modules:
@@ -99,6 +108,9 @@ class FeRAConfig:
             raise ConfigError(f"FeRA: routing must be soft or uniform, got {self.routing!r}")
         if self.finest_band not in ("keep", "drop"):
             raise ConfigError(f"FeRA: finest_band must be keep or drop, got {self.finest_band!r}")
+        if self.video_layout not in VIDEO_LAYOUTS:
+            raise ConfigError(f"FeRA: video_layout must be one of {', '.join(VIDEO_LAYOUTS)}, got "
+                              f"{self.video_layout!r}")
         if (self.kappa is not None and self.kappa <= 0) or self.kappa_divisor <= 0:
             raise ConfigError(f"FeRA: kappa and kappa_divisor must be > 0, got {self.kappa}, {self.kappa_divisor}")
 
@@ -134,17 +146,47 @@ class FeRARouter(nn.Module):
         self.fixed: torch.Tensor | None = None  # (E,) when routing is frozen
         self.enabled = True
         self.calls = 0  # how many times routing weights were computed (tests count one per forward)
+        # what "auto" reads a 5-D latent's layout from (apply_fera sets them from the adapted model)
+        self.in_channels: int | None = None
+        self.default_layout = "ntchw"
+
+    def layout_of(self, shape: Sequence[int]) -> str:
+        """The layout of a 5-D latent of ``shape``: ``"ntchw"`` or ``"bcfhw"``.
+
+        ``config.video_layout`` when it names one. ``"auto"``: the axis whose size is the adapted model's input
+        channel count (``config.in_channels`` of a diffusers model, or its ``in_channels``) is the channel axis;
+        when both axes 1 and 2 have that size (or the model states none), the model's kind decides: channels first
+        for diffusers' video transformers (``CHANNELS_FIRST_MODELS``: Wan, HunyuanVideo, LTX, ...), frames first
+        otherwise (the workspace's video DiT).
+        """
+        if self.config.video_layout != "auto":
+            return self.config.video_layout
+        c = self.in_channels
+        if c is not None and (shape[1] == c) != (shape[2] == c):
+            return "bcfhw" if shape[1] == c else "ntchw"
+        return self.default_layout
+
+    def frames(self, latent: torch.Tensor) -> torch.Tensor:
+        """The latent as ``(N * T, C, H, W)`` frames (an image latent as it is)."""
+        if latent.dim() == 4:
+            return latent
+        if latent.dim() != 5:
+            raise ValueError(f"FeRA router: expected a (B, C, H, W), (N, T, C, H, W) or (B, C, F, H, W) latent, "
+                             f"got {tuple(latent.shape)}")
+        if self.layout_of(latent.shape) == "bcfhw":
+            latent = latent.transpose(1, 2)  # (B, C, F, H, W) -> (B, F, C, H, W)
+        return latent.flatten(0, 1)
 
     def route(self, latent: torch.Tensor) -> torch.Tensor:
-        """``(N, E)`` routing weights for a latent ``(N, C, H, W)`` (or a video latent ``(N, T, C, H, W)``: the
-        band energies of its frames are averaged, one routing per video)."""
+        """``(N, E)`` routing weights for a latent ``(N, C, H, W)``, or a video latent ``(N, T, C, H, W)`` /
+        ``(B, C, F, H, W)`` (``layout_of``): the band energies of its frames are averaged, one routing per video."""
         self.calls += 1
         n, e = latent.shape[0], self.config.num_experts
         if self.fixed is not None:
             return self.fixed.to(latent.device, latent.dtype).expand(n, e)
         if self.mlp is None:
             return latent.new_full((n, e), 1.0 / e)
-        frames = latent.detach().flatten(0, 1) if latent.dim() == 5 else latent.detach()  # video: per frame
+        frames = self.frames(latent.detach())  # video: per frame
         energies = band_energies(frames, self.config.num_bands, self.config.kappa, self.config.finest_band,
                                  kappa_divisor=self.config.kappa_divisor)
         energies = energies.view(n, -1, energies.shape[-1]).mean(1)  # a video's frames share one routing
@@ -159,7 +201,7 @@ class FeRARouter(nn.Module):
         if latent is None:
             latent = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if latent is None or latent.dim() not in (4, 5):
-            raise ValueError(f"FeRA router: no (N, C, H, W) or (N, T, C, H, W) latent among the keywords "
+            raise ValueError(f"FeRA router: no (N, C, H, W) or 5-D video latent among the keywords "
                              f"{self.config.latent_keys} or the first positional argument of the adapted model")
         self.weights = self.route(latent)
 
@@ -235,6 +277,19 @@ def fera_layers(model: nn.Module) -> Iterator[tuple[str, FeRALinear]]:
             yield name, m
 
 
+def _input_channels(model: nn.Module) -> int | None:
+    """The latent channel count the model states (diffusers ``config.in_channels``, else ``in_channels``)."""
+    value = getattr(getattr(model, "config", None), "in_channels", None)
+    if value is None and not hasattr(type(model), "config_name"):  # not a diffusers ConfigMixin (it warns)
+        value = getattr(model, "in_channels", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _default_layout(model: nn.Module) -> str:
+    """``"bcfhw"`` for diffusers' channels-first video transformers, else ``"ntchw"`` (see ``layout_of``)."""
+    return "bcfhw" if type(model).__name__.startswith(CHANNELS_FIRST_MODELS) else "ntchw"
+
+
 def apply_fera(model: nn.Module, config: FeRAConfig) -> nn.Module:
     """Inject FeRA into ``model`` in place (its own parameters frozen); returns ``model``.
 
@@ -247,6 +302,7 @@ def apply_fera(model: nn.Module, config: FeRAConfig) -> nn.Module:
         raise ConfigError(f"FeRA: no nn.Linear in {type(model).__name__} matches {config.target_modules}")
     model.requires_grad_(False)
     router = FeRARouter(config)
+    router.in_channels, router.default_layout = _input_channels(model), _default_layout(model)
     p = next(model.parameters(), None)
     if p is not None:
         router.to(p.device)

@@ -42,16 +42,20 @@ def _kernel(sigma: float, radius: int, device, dtype) -> torch.Tensor:
 
 
 def gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of ``(N, C, H, W)`` with reflect padding (sigma in pixels of ``x``)."""
+    """Separable Gaussian blur over the last two axes with reflect padding (sigma in pixels of ``x``).
+
+    ``x`` is ``(N, C, H, W)`` or any ``(..., H, W)`` (a video latent in either layout: every ``H x W`` plane is
+    blurred on its own, so the result does not depend on how the leading axes are ordered).
+    """
     if sigma <= 0:
         return x
-    n, c, h, w = x.shape
+    h, w = x.shape[-2:]
     radius = max(1, min(math.ceil(3 * sigma), h - 1, w - 1))
     k = _kernel(sigma, radius, x.device, x.dtype)
-    y = x.reshape(n * c, 1, h, w)
+    y = x.reshape(-1, 1, h, w)
     y = F.conv2d(F.pad(y, (radius, radius, 0, 0), mode="reflect"), k.view(1, 1, 1, -1))
     y = F.conv2d(F.pad(y, (0, 0, radius, radius), mode="reflect"), k.view(1, 1, -1, 1))
-    return y.reshape(n, c, h, w)
+    return y.reshape(x.shape)
 
 
 def band_sigmas(height: int, width: int, num_bands: int, kappa: float | None = None,
@@ -70,11 +74,12 @@ def decompose(x: torch.Tensor, num_bands: int, kappa: float | None = None,
               finest_band: str = "keep", kappa_divisor: float = 128.0) -> list[torch.Tensor]:
     """``x`` (N, C, H, W) as ``num_bands`` difference-of-Gaussian bands, ordered low -> high frequency.
 
-    With ``finest_band="keep"`` the bands sum to ``x``; with ``"drop"`` one finer band is built and discarded
-    (the reference code's choice).
+    A video latent (5-D, ``(N, T, C, H, W)`` or ``(B, C, F, H, W)``) is decomposed plane by plane (the last two
+    axes are the spatial ones); the bands keep ``x``'s shape. With ``finest_band="keep"`` the bands sum to ``x``;
+    with ``"drop"`` one finer band is built and discarded (the reference code's choice).
     """
-    if x.dim() != 4:
-        raise ValueError(f"expected a latent of shape (N, C, H, W), got {tuple(x.shape)}")
+    if x.dim() not in (4, 5):
+        raise ValueError(f"expected a latent of shape (N, C, H, W) or a 5-D video latent, got {tuple(x.shape)}")
     if finest_band not in ("keep", "drop"):
         raise ValueError(f"finest_band must be 'keep' or 'drop', got {finest_band!r}")
     built = num_bands + (finest_band == "drop")

@@ -1,7 +1,9 @@
 """The model of ``embodied train fera``: one adapter arm on a frozen base denoiser, as a ``PreTrainedModel``.
 
 ``AdaptedDenoiser(AdaptedDenoiserConfig(base_path=BASE, adapter=AdapterConfig(...)))`` loads the base denoiser
-from ``BASE`` (``backbones.load_denoiser``: read-only, frozen) and injects the arm on its diffusers backbone:
+from ``BASE`` (read-only, frozen: a user's diffusers pipeline / model folder with its VAE (``vae_path``), run in its
+latent space as ``latent.LatentDenoiser`` with the settings of ``latent``; else a pixel base,
+``backbones.load_denoiser``) and injects the arm on its diffusers backbone:
 FeRA's routed experts (``perception.adapters.fera.apply_fera``; its ablations are FeRA configs) or peft's LoRA /
 DoRA (``core.layers.lora.inject_lora``). Its folder (``save_pretrained``) stores only what the arm trains and
 references the base (``base_fields = ("base_path",)``)::
@@ -24,6 +26,8 @@ folder is the method's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +37,9 @@ from torch import nn
 
 from core.errors import CheckpointError, ConfigError
 from core.pretrained import PreTrainedModel
-from perception.adapters.configuration_fera import AdaptedDenoiserConfig, AdapterConfig
+from perception.adapters.configuration_fera import AdaptedDenoiserConfig, AdapterConfig, LatentSettings
 
-__all__ = ["ADAPTER_TENSORS", "AdaptedDenoiser", "example", "is_adapter_key"]
+__all__ = ["ADAPTER_TENSORS", "AdaptedDenoiser", "example", "is_adapter_key", "load_base_denoiser"]
 
 #: State-dict name segments of the tensors an arm trains (FeRA's experts and peft's LoRA / DoRA layers).
 ADAPTER_TENSORS = ("lora_A", "lora_B", "lora_magnitude_vector")
@@ -58,7 +62,7 @@ class AdaptedDenoiser(PreTrainedModel):
 
     config_class = AdaptedDenoiserConfig
     method = "fera"
-    base_fields = ("base_path",)
+    base_fields = ("base_path", "vae_path")
 
     def __init__(self, config: AdaptedDenoiserConfig, denoiser: nn.Module | None = None):
         super().__init__()
@@ -68,11 +72,9 @@ class AdaptedDenoiser(PreTrainedModel):
         self.config = config
         adapter = config.adapter
         if denoiser is None:
-            from perception.adapters.backbones import load_denoiser
-
             if not config.base_path:
                 raise ConfigError("model.base_path is empty: an adapted denoiser needs its base denoiser folder")
-            denoiser = load_denoiser(config.base_path)
+            denoiser = load_base_denoiser(config.base_path, config.vae_path, config.latent)
         self.denoiser = denoiser.requires_grad_(False)
         self.fera = adapter.fera_config() if adapter.kind == "fera" else None
         if self.fera is not None:
@@ -82,9 +84,52 @@ class AdaptedDenoiser(PreTrainedModel):
                         use_dora=adapter.kind == "dora")
 
     @classmethod
-    def around(cls, denoiser: nn.Module, adapter: AdapterConfig, base_path: str | Path = "") -> AdaptedDenoiser:
-        """``adapter`` injected on the in-memory ``denoiser`` (``base_path``: its folder, needed to save)."""
-        return cls(AdaptedDenoiserConfig(base_path=str(base_path), adapter=adapter), denoiser)
+    def around(cls, denoiser: nn.Module, adapter: AdapterConfig, base_path: str | Path = "", vae_path: str | Path = "",
+               latent: LatentSettings | None = None) -> AdaptedDenoiser:
+        """``adapter`` injected on the in-memory ``denoiser`` (``base_path`` / ``vae_path`` / ``latent``: how it was
+        loaded, needed to save)."""
+        return cls(AdaptedDenoiserConfig(base_path=str(base_path), adapter=adapter, vae_path=str(vae_path or ""),
+                                         latent=latent or LatentSettings()), denoiser)
+
+    @property
+    def is_latent(self) -> bool:
+        """Whether the base is a diffusers model in its VAE's latent space (``latent.LatentDenoiser``)."""
+        from perception.adapters.latent import LatentDenoiser
+
+        return isinstance(self.denoiser, LatentDenoiser)
+
+    @contextlib.contextmanager
+    def base_pass(self) -> Iterator[None]:
+        """Run the unadapted base inside the block: FeRA disabled, or peft's LoRA / DoRA layers disabled."""
+        from perception.adapters.fera import disable_fera
+
+        if self.fera is not None:
+            with disable_fera(self.denoiser.backbone):
+                yield
+            return
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in self.denoiser.backbone.modules() if isinstance(m, BaseTunerLayer)]
+        for m in layers:
+            m.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.enable_adapters(True)
+
+    def enable_gradient_checkpointing(self) -> None:
+        """The diffusers backbone's own gradient checkpointing (its blocks recompute in backward; FeRA's routing
+        weights of the forward are kept for the recompute). Same gradients as without (tested)."""
+        backbone = self.denoiser.backbone
+        if not getattr(backbone, "_supports_gradient_checkpointing", False):
+            raise ConfigError(f"{type(backbone).__name__} does not support gradient checkpointing")
+        backbone.enable_gradient_checkpointing()
+
+    def disable_gradient_checkpointing(self) -> None:
+        """Undo ``enable_gradient_checkpointing``."""
+        if getattr(self.denoiser.backbone, "_supports_gradient_checkpointing", False):
+            self.denoiser.backbone.disable_gradient_checkpointing()
 
     @property
     def adapter(self) -> AdapterConfig:
@@ -119,17 +164,22 @@ class AdaptedDenoiser(PreTrainedModel):
         return self.num_parameters(trainable_only=True)
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Flow-matching MSE on ``batch["image"]`` (``(B, C, H, W)`` in ``[-1, 1]``), plus FECL for FeRA."""
-        from perception.adapters.fera import disable_fera
+        """The base's objective, plus FECL for FeRA: flow-matching MSE on ``batch["image"]`` (``(B, C, H, W)`` in
+        ``[-1, 1]``) for a pixel base; for a latent base the objective's MSE on ``batch["latent"]`` (VAE latents,
+        ``latent.LatentDenoiser.encode``; ``batch["image"]`` is encoded when no latent is given)."""
         from perception.adapters.frequency import fecl_loss
 
-        x_t, t, target = self.denoiser.noisy_batch(batch["image"])
+        if self.is_latent:
+            x0 = batch["latent"] if "latent" in batch else self.denoiser.encode(batch["image"])
+        else:
+            x0 = batch["image"]
+        x_t, t, target = self.denoiser.noisy_batch(x0)
         pred = self.denoiser(x_t, t)
-        mse = F.mse_loss(pred, target)
+        mse = F.mse_loss(pred.float(), target.float())
         out = {"mse": mse}
         loss = mse
         if self.fera is not None and self.fera.fecl_weight > 0:
-            with torch.no_grad(), disable_fera(self.denoiser.backbone):
+            with torch.no_grad(), self.base_pass():
                 base = self.denoiser(x_t, t)  # FECL's extra no-grad pass (benchmarks/fera.py measures it)
             fecl = fecl_loss(pred, base, target, self.fera.num_bands, self.fera.kappa, self.fera.finest_band,
                              weight=self.fera.fecl_weight, kappa_divisor=self.fera.kappa_divisor)
@@ -137,6 +187,22 @@ class AdaptedDenoiser(PreTrainedModel):
             loss = loss + fecl
         out["loss"] = loss
         return out
+
+
+def load_base_denoiser(base_path: str | Path, vae_path: str | Path = "", latent: LatentSettings | None = None
+                       ) -> nn.Module:
+    """The frozen base of ``base_path``, read-only: a diffusers pipeline / model folder (with its VAE) as a
+    ``latent.LatentDenoiser``, else a pixel base folder or run (``backbones.load_denoiser``)."""
+    from perception.adapters.latent import LatentDenoiser, is_diffusers_base, resolve_base
+
+    if is_diffusers_base(base_path):
+        s = latent or LatentSettings()
+        return LatentDenoiser(resolve_base(base_path, vae_path), objective=s.objective, flow_shift=s.flow_shift,
+                              prompt=s.prompt, prompt_embeds=s.prompt_embeds, prompt_tokens=s.prompt_tokens,
+                              class_label=s.class_label, dtype=s.base_dtype)
+    from perception.adapters.backbones import load_denoiser
+
+    return load_denoiser(base_path)
 
 
 # -- the contract test's tiny model --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def overrides(root: Path, arm: str = "fera", model: str = "fera_unet_tiny", run: str | None = None) -> list[str]:
     return ["experiment=fera", "debug=tiny", f"model={model}", f"adapter={arm}",
-            f"model.base_path={root / ('base_' + model)}", f"data.source_root={root / 'src'}",
+            f"model.pretrain_dir={root / ('base_' + model)}", f"data.source_root={root / 'src'}",
             "data.source_clips=2", "data.source_frames=4", "data.shots=8", "data.test_n=8", "data.curve_n=4",
             "data.eval_every=2", "data.fd_samples=4", f"out_dir={root / (run or f'{model}_{arm}')}"]
 
@@ -72,7 +72,8 @@ def test_adapter_folder_reproduces_the_trained_model(trained, arm):
     root, _ = trained
     cfg = compose(overrides(root, arm))
     model_cfg, _, adapter, _ = task._configs(cfg)
-    full = task.AdaptedDenoiser.around(task.load_base(model_cfg), adapter, model_cfg.base_path)
+    base = root / "base_fera_unet_tiny"
+    full = task.AdaptedDenoiser.around(task.load_base(model_cfg, base), adapter, base)
     ckpt.load_checkpoint(ckpt.latest_checkpoint(Path(cfg.out_dir) / "checkpoints"), full)
     loaded = task.load_adapted(cfg.out_dir)
     stored = ckpt.load_weights(Path(cfg.out_dir) / "adapter" / "model.safetensors")
