@@ -205,19 +205,36 @@ def save_checkpoint(
     return directory
 
 
+def trained_keys(model: torch.nn.Module) -> set[str] | None:
+    """The state-dict keys a training checkpoint of ``model`` holds: ``None`` for all of them.
+
+    A model around a referenced base folder (a ``PreTrainedModel`` with ``base_fields`` set: LoRA on a VLM,
+    adapters on a diffusers UNet) checkpoints only ``trained_state_dict()``, as its exported folder does; its
+    frozen base is rebuilt from the base folder, so a 7 B base is not written again at every checkpoint.
+    """
+    bases = getattr(model, "base_folders", None)
+    if bases is None or not bases():
+        return None
+    return set(model.trained_state_dict())
+
+
 def load_checkpoint(directory: str | Path, model: torch.nn.Module | None = None,
                     ema: torch.nn.Module | None = None, strict: bool = True) -> dict[str, Any]:
     """Read a checkpoint directory. Loads weights into ``model`` / ``ema`` when given.
+
+    A model around a base needs only its trained tensors in the file (``trained_keys``); any other model every
+    key.
 
     Returns:
         ``{"config": dict, "training_state": dict | None, "path": Path}``.
     """
     directory = resolve_checkpoint(directory)
     if model is not None:
-        load_into(model, load_weights(directory / MODEL_FILE), source=str(directory / MODEL_FILE), strict=strict)
+        load_into(model, load_weights(directory / MODEL_FILE), source=str(directory / MODEL_FILE), strict=strict,
+                  required=trained_keys(model))
     if ema is not None:
         src = directory / EMA_FILE if (directory / EMA_FILE).exists() else directory / MODEL_FILE
-        load_into(ema, load_weights(src), source=str(src), strict=strict)
+        load_into(ema, load_weights(src), source=str(src), strict=strict, required=trained_keys(ema))
     state = None
     if (directory / STATE_JSON).exists():
         try:

@@ -155,7 +155,10 @@ class StepModule(nn.Module):
 
 
 class _FullWeights(nn.Module):
-    """Stands in for an FSDP model in ``ckpt.save_checkpoint``: its ``state_dict`` is the gathered one."""
+    """Stands in for the model in ``ckpt.save_checkpoint``: its ``state_dict`` is the one given.
+
+    That is the gathered one under FSDP, and only the trained tensors for a model around a base.
+    """
 
     def __init__(self, weights: dict[str, torch.Tensor]):
         super().__init__()
@@ -428,6 +431,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.autocast_dtype = self._autocast_dtype()
+        # What a checkpoint holds: every tensor, or (a model around a referenced base) only what it trains.
+        self.checkpoint_keys: set[str] | None = ckpt.trained_keys(model)
         # Under FSDP the model stays where it is until fully_shard moves each rank's shard to the device.
         self.model = model if self.strategy == "fsdp" else model.to(self.device)
         if cfg.gradient_checkpointing:
@@ -593,12 +598,15 @@ class Trainer:
     def save(self) -> Path | None:
         """Write ``checkpoints/step_<N>`` (rank 0) and point ``latest`` at it."""
         state = self.state()  # collective under DDP / FSDP: every rank calls it
-        model = _FullWeights(self.full_state_dict()) if self.strategy == "fsdp" else self.model
+        weights = self.full_state_dict()  # collective under FSDP
         path = None
         if self.dist.is_main:
             name = f"step_{self.step:08d}"
-            path = ckpt.save_checkpoint(self.ckpt_dir / name, model, self.run_config, state,
-                                        ema=self.ema.module if self.ema else None)
+            keep = self.checkpoint_keys
+            model = _FullWeights({k: v for k, v in weights.items() if keep is None or k in keep})
+            ema = _FullWeights({k: v for k, v in self.ema.module.state_dict().items() if keep is None or k in keep}) \
+                if self.ema else None
+            path = ckpt.save_checkpoint(self.ckpt_dir / name, model, self.run_config, state, ema=ema)
             ckpt.mark_latest(self.ckpt_dir, name)
             ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_last)
         D.barrier()
@@ -655,7 +663,8 @@ class Trainer:
                 self._check_resumable(path, st)
                 weights = ckpt.load_weights(path / ckpt.MODEL_FILE)
                 own = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}  # DTensor: global shape
-                bad = sorted(set(own) ^ set(weights)) + sorted(
+                need = set(own) if self.checkpoint_keys is None else self.checkpoint_keys
+                bad = sorted((need - set(weights)) | (set(weights) - set(own))) + sorted(
                     k for k in own if k in weights and tuple(weights[k].shape) != own[k])
                 if bad:
                     raise CheckpointError(f"{path / ckpt.MODEL_FILE} does not match the model: {len(bad)} missing, "
@@ -668,7 +677,9 @@ class Trainer:
         if isinstance(payload[0], Exception):
             raise payload[0]
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, weights, options=opts)
+        # a model around a base holds only its trained tensors in the file: the rest stays as built from the base
+        set_model_state_dict(self.model, weights, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=self.checkpoint_keys is None))
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)
         return payload[0]
 

@@ -278,3 +278,43 @@ def test_exported_folder_has_the_usual_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+
+
+def test_training_checkpoints_of_a_model_around_a_base_hold_only_what_it_trains(adapter, tmp_path):
+    """The trainer checkpoints trained_state_dict() only (a 7 B base is not rewritten every ckpt_every steps),
+    and a killed run resumes from such a checkpoint to the uninterrupted weights."""
+    from core.checkpoint import load_checkpoint, load_weights, resolve_checkpoint
+    from core.config import TrainerConfig
+    from core.testing import ToyRegressionDataset
+    from core.trainer import Trainer, seed_everything
+
+    model, base = adapter
+    before = _digest(base)
+
+    class Step(_Adapter):
+        method = "toy_adapter"
+
+        def training_step(self, batch):
+            return {"loss": torch.nn.functional.mse_loss(self(batch["x"]), batch["y"])}
+
+    def run(out, steps, fresh=True):
+        seed_everything(0)
+        m = Step(model.config)
+        cfg = TrainerConfig(max_steps=steps, batch_size=4, ckpt_every=2, keep_last=5, device="cpu",
+                            tensorboard=False, progress=False, optim={"lr": 1e-2},
+                            scheduler={"name": "constant"})  # the same schedule for 2 + 2 as for 4 steps
+        Trainer(m, ToyRegressionDataset(n=32), cfg, out, run_config={"method": "toy_adapter"}).fit()
+        return m
+
+    straight = run(tmp_path / "a", 4)
+    ck = resolve_checkpoint(tmp_path / "a")
+    assert sorted(load_weights(ck / "model.safetensors")) == ["down.weight", "up.weight"]
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "b", 4)  # same out_dir: resumes from step 2 with the base rebuilt from its folder
+    for k, v in straight.trained_state_dict().items():
+        assert torch.equal(v, resumed.trained_state_dict()[k]), k
+    assert not torch.equal(straight.up.weight, _Adapter(model.config).up.weight)  # training moved it
+    loaded = Step(model.config)
+    load_checkpoint(tmp_path / "a", loaded)  # the base part comes from the base folder, not the file
+    assert torch.equal(loaded.up.weight, straight.up.weight)
+    assert _digest(base) == before
