@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -85,6 +90,86 @@ def barrier() -> None:
     """Wait for every rank (a no-op when not distributed)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+#: Beside a folder that ``main_process_first`` makes: why the last process to try failed (waiters read it).
+FAILED_SUFFIX = ".failed.json"
+
+
+@contextlib.contextmanager
+def main_process_first(lock: str | os.PathLike | None = None, wait: float = 6 * 3600.0) -> Iterator[None]:
+    """Run the block in one process first, then in the others, which find what it made and only read it.
+
+    For making shared data (a rendered dataset, a recording) that every process of a run asks for. The block
+    must be idempotent: it makes the data when it is missing and otherwise just checks it.
+
+    * ``lock`` given (the folder or file the block makes): the processes run the block one at a time under its
+      file lock (``core.outputs.lock_folder``: ``flock``, released by the OS when a holder dies). This is what
+      methods use: their data is made before the ``Trainer`` creates the process group, and the lock also
+      serialises separate runs started at once, and several nodes that share a file system. If the block raises,
+      its error line is kept beside the folder (``.<name>.failed.json``) and every process that was already
+      waiting raises a one-line ``DataError`` naming it instead of making the data again; a later run tries
+      afresh.
+    * No ``lock``, under an initialised process group of several ranks: rank 0 runs the block while the others
+      wait (``broadcast_object_list``, under the group's timeout), then whether it succeeded is broadcast; the
+      others then run it, or raise a one-line ``DataError`` when rank 0 failed.
+    * Otherwise the block just runs.
+
+    Args:
+        lock: The folder (or file) the block makes; its lock file is ``.<name>.lock`` beside it.
+        wait: Seconds to wait for the process holding the lock before giving up (a one-line ``OutputError``).
+
+    Raises:
+        DataError: The process that ran the block first failed (its error is in the message).
+    """
+    from core.errors import DataError
+
+    if lock is not None:
+        from core.io import write_json
+        from core.outputs import lock_folder
+
+        target = Path(lock).absolute()
+        note = target.with_name(f".{target.name}{FAILED_SUFFIX}")
+        asked = time.time()
+        with lock_folder(target, wait=wait):
+            failed = _read_failure(note)
+            if failed is not None and failed.get("time", 0.0) >= asked:  # the holder we waited for failed
+                raise DataError(target, f"process {failed.get('pid')} failed making it: {failed.get('error')} "
+                                        "(run again to retry)")
+            try:
+                yield
+            except Exception as e:
+                line = (str(e).strip().splitlines() or [""])[0]
+                write_json(note, {"pid": os.getpid(), "time": time.time(), "error": f"{type(e).__name__}: {line}"})
+                raise
+            if failed is not None:
+                note.unlink(missing_ok=True)
+        return
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        yield
+        return
+    if dist.get_rank() == 0:
+        try:
+            yield
+        except BaseException as e:
+            line = (str(e).strip().splitlines() or [""])[0]
+            dist.broadcast_object_list([f"{type(e).__name__}: {line}"], src=0)
+            raise
+        dist.broadcast_object_list([None], src=0)
+        return
+    outcome: list[str | None] = [None]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise DataError("rank 0", f"failed before this rank could run the same step: {outcome[0]}")
+    yield
+
+
+def _read_failure(note: Path) -> dict | None:
+    try:
+        found = json.loads(note.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:

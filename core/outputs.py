@@ -51,23 +51,37 @@ def _lock(path: Path, wait: float = 0.0) -> Iterator[None]:
     lock = path.parent / f".{path.name}.lock"
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     deadline = time.monotonic() + wait
+    held = False
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
                     raise OutputError(f"{path}: another process is writing this folder right now") from None
                 time.sleep(0.5)
+                continue
+            try:
+                current = os.stat(lock).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                held = True
+                break
+            # The holder we waited for unlinked this lock file on release, and a newer caller may hold a new one at
+            # the same path: lock that one instead, or two callers would both hold "the" lock.
+            new = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+            os.close(fd)
+            fd = new
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)
+        if held:  # only the holder removes the file (a waiter that gives up must not unlink the holder's lock)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
         os.close(fd)
 
 

@@ -243,7 +243,8 @@ def ensure_recorded(
       is, after ``check_unrecorded(path)`` (which raises to refuse it) when given. Nothing is written there.
 
     Concurrent callers (processes or threads) are safe: one records under the lock of ``path``
-    (``core.outputs.lock_folder``), the others wait up to ``wait`` seconds and then reuse its data.
+    (``core.distributed.main_process_first``), the others wait up to ``wait`` seconds and then reuse its data
+    (or raise a one-line ``DataError`` naming the recorder's error, when it failed).
 
     Args:
         path: The data file or folder.
@@ -260,11 +261,12 @@ def ensure_recorded(
         DataError: ``path`` was recorded with another spec (the message names the differing keys), or
             ``record`` produced nothing.
     """
-    from core.outputs import lock_folder, pid_alive
+    from core.distributed import main_process_first
+    from core.outputs import pid_alive
 
     path = Path(path).absolute()
     want = _plain(spec)
-    with lock_folder(path.with_name(path.name + ".recording"), wait=wait):
+    with main_process_first(path.with_name(path.name + ".recording"), wait=wait):
         if path.exists():
             _check_spec(path, want, check_unrecorded, hint)
             return False

@@ -676,7 +676,7 @@ def ensure_genimage(out: str | os.PathLike, **kw: Any) -> dict[str, Any]:
     Returns:
         The ``genimage.json`` metadata.
     """
-    from core.outputs import lock_folder
+    from core.distributed import main_process_first
     from perception.forensics.genimage import read_meta
 
     out = Path(out).absolute()
@@ -695,7 +695,7 @@ def ensure_genimage(out: str | os.PathLike, **kw: Any) -> dict[str, Any]:
     meta = current()
     if meta is not None and meta.get("args") == want:
         return meta
-    with lock_folder(out.with_name(out.name + ".ensure"), wait=6 * 3600):
+    with main_process_first(out.with_name(out.name + ".ensure"), wait=6 * 3600):
         meta = current()
         if meta is not None and meta.get("args") == want:
             return meta

@@ -624,12 +624,12 @@ def ensure_qa(folder: str | os.PathLike, split: str, n_images: int, size: int = 
     Several processes may ask at once: one builds under the folder's lock, the others wait (up to ``wait`` s).
     A folder built with other arguments, or a non-empty folder without ``meta.json``, is a ``DataError``.
     """
-    from core.outputs import lock_folder
+    from core.distributed import main_process_first
 
     folder = Path(folder)
     want = {"split": split, "n_images": n_images, "size": size, "seed": seed,
             "threshold": CONTENT_THRESHOLD, "generator": FORMAT}  # fmt: skip
-    with lock_folder(folder, wait=wait):
+    with main_process_first(folder, wait=wait):
         meta_path = folder / "meta.json"
         if not meta_path.is_file():
             if folder.exists() and any(folder.iterdir()):

@@ -57,8 +57,15 @@ def render_source(checkpoint: str | Path) -> str:
 
 
 def ensure_data(data) -> Path:
-    """The dataset root, rendered with ``sim.render.normals.make_dataset`` first when it is missing."""
+    """The dataset root, rendered with ``sim.render.normals.make_dataset`` first when it is missing (several ranks or
+    runs at once: the first renders under the folder's lock, the others wait and read it)."""
     root = Path(data.root)
+    if not (root / "meta.json").is_file() and data.layout != "cleargrasp" and getattr(data, "render_n", 0) > 0:
+        from core.distributed import main_process_first
+
+        with main_process_first(root):
+            if not (root / "meta.json").is_file():
+                _render(data, root)
     if (root / "meta.json").is_file() or data.layout == "cleargrasp":
         if not root.exists():
             raise DataError(root, "no such folder")
@@ -69,8 +76,10 @@ def ensure_data(data) -> Path:
             check_source(root, data.render_framing, "data.render_framing", field="framing",
                          default="workspace")
         return root
-    if getattr(data, "render_n", 0) < 1:
-        raise DataError(root / "meta.json", "no such file (set data.render_n to render the synthetic set)")
+    raise DataError(root / "meta.json", "no such file (set data.render_n to render the synthetic set)")
+
+
+def _render(data, root: Path) -> None:
     from sim.render.normals import make_dataset
 
     log.info("rendering %d %s views (seed %d, %d px, %d spp) into %s", data.render_n, data.render_source,
@@ -78,7 +87,6 @@ def ensure_data(data) -> Path:
     make_dataset(root, n=data.render_n, seed=data.render_seed, size=data.render_size, spp=data.render_spp,
                  test_fraction=data.test_fraction, source=data.render_source, workers=data.render_workers,
                  framing=data.render_framing)
-    return root
 
 
 def _dataset(data, split: str, keys: tuple[str, ...]):

@@ -63,11 +63,19 @@ def ensure_data(data: SoLADataConfig) -> Path:
     root = Path(data.root)
     if data.layout != "embodied-dense":
         return root
-    if (root / "meta.json").is_file():
-        from sim.render.dataset_io import check_source
+    if not (root / "meta.json").is_file():
+        from core.distributed import main_process_first
 
-        check_source(root, data.render_source, "data.render_source")
-        return root
+        with main_process_first(root):  # several ranks (or runs) at once: the first renders, the others read it
+            if not (root / "meta.json").is_file():
+                _render(data, root)
+    from sim.render.dataset_io import check_source
+
+    check_source(root, data.render_source, "data.render_source")
+    return root
+
+
+def _render(data: SoLADataConfig, root: Path) -> None:
     if root.exists() and any(root.iterdir()):
         raise DataError(root, "exists but has no meta.json (not an embodied-dense panorama folder)")
     from sim.render.panoramas import make_dataset
@@ -76,7 +84,6 @@ def ensure_data(data: SoLADataConfig) -> Path:
              data.render_seed, root)
     make_dataset(root, n=data.render_n, seed=data.render_seed, size=data.height, spp=data.render_spp,
                  test_fraction=data.test_fraction, source=data.render_source)
-    return root
 
 
 def build_dataset(data: SoLADataConfig, split: str) -> Dataset:

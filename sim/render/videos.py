@@ -295,14 +295,14 @@ def ensure_dataset(root: str | Path, n: int, frames: int, seed: int = 0, size: i
     for it (up to ``wait`` s). A non-empty folder without ``meta.json``, or one rendered with other settings
     (size, frames, seed, clip count), is a one-line ``DataError`` rather than data silently reused.
     """
+    from core.distributed import main_process_first
     from core.errors import DataError
     from core.io import read_json
     from core.logging import get_logger
-    from core.outputs import lock_folder
 
     root = Path(root)
     meta_path = root / "meta.json"
-    with lock_folder(root, wait=wait):
+    with main_process_first(root, wait=wait):  # one renders; the others wait, then read (or see it fail)
         if not meta_path.is_file():
             if root.exists() and any(root.iterdir()):
                 raise DataError(root, "exists but has no meta.json (not a sim.render.videos folder)")
