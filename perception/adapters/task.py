@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +133,20 @@ def ensure_base(model_cfg: FeRAModelConfig, data: FeRADataConfig, trainer_cfg: T
             and not (base_dir / "metrics.jsonl").is_file():
         raise ConfigError(f"model.pretrain_dir={base_dir}: a folder that is not a base run of this workspace; "
                           "pretraining would write into it (to adapt it, pass it as model.base_path)")
+
+    def pretrained() -> bool:
+        latest = ckpt.latest_checkpoint(base_dir / "checkpoints")
+        return latest is not None and int(latest.name.split("_")[-1]) >= model_cfg.pretrain_steps
+
+    # One rank of a distributed run would pretrain under the lock while the others wait on it: the base Trainer
+    # would wait for them to join its process group, forever (as core.vlm.ensure_base_vlm, refuse instead).
+    if not pretrained() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"model.pretrain_dir={base_dir}: the pixel base is not pretrained there; pretrain it in "
+                          "one process first (embodied train fera with the same model.pretrain_dir) or pass a "
+                          "base as model.base_path")
     base_dir.mkdir(parents=True, exist_ok=True)
     with lock_folder(base_dir, wait=4 * 3600):  # parallel arms: the first pretrains, the others wait
-        latest = ckpt.latest_checkpoint(base_dir / "checkpoints")
-        done = latest is not None and int(latest.name.split("_")[-1]) >= model_cfg.pretrain_steps
-        if not done:
+        if not pretrained():
             seed_everything(trainer_cfg.seed)
             model = build_denoiser(model_cfg)
             cfg = dataclasses.replace(
@@ -347,7 +357,9 @@ class CurveHook:
         write_json(self.path, self.points)
 
     def __call__(self, trainer, step: int, metrics: dict[str, float]) -> None:
-        if self.every and step % self.every == 0:
+        # Under FSDP the model is sharded and hooks run on rank 0 alone, which cannot gather it: the curve then
+        # keeps its first point and the one recorded after training (Trainer.release).
+        if self.every and step % self.every == 0 and trainer.strategy != "fsdp":
             self.record(trainer.model, step)
 
 
