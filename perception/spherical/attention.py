@@ -239,6 +239,13 @@ def sola_linear_attention(q, k, v, dirs, adjacency, b, w, eps: float = 1e-6,
         (B, h, N, d) in the dtype of ``v`` (half / bf16 inputs are aggregated in float32: CPU sparse products
         have no half kernels).
     """
+    # Under autocast the sparse products would be cast back to bf16 / fp16, which CPU CSR kernels do not have
+    # (addmm_out_sparse_csr_impl_mkl): the aggregation runs in float32 with autocast off.
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        return _linear_attention(q, k, v, dirs, adjacency, b, w, eps, edge_cos)
+
+
+def _linear_attention(q, k, v, dirs, adjacency, b, w, eps, edge_cos) -> torch.Tensor:
     bsz, h, n, d = v.shape
     dt = torch.float32 if v.dtype in (torch.bfloat16, torch.float16) else v.dtype
     crow, col, row, val = _csr_parts(adjacency)
