@@ -194,7 +194,7 @@ def test_missing_parameter_error_names_at_most_five(tmp_path):
     assert str(e.value).count("rest.") == 5
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])  # same path
 def test_interrupt_saves_a_checkpoint_and_resume_is_bit_exact(tmp_path, sig):
     """Ctrl-C / SIGTERM: the step in progress finishes, a checkpoint of THAT step is written (no work lost,
     even between ckpt_every boundaries), the process stops, and the restart lands on the uninterrupted weights."""

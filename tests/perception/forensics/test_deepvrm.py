@@ -246,6 +246,7 @@ def test_load_detector_refuses_the_former_layout_and_loads_baselines(tmp_path):
     assert kind == "freq_cnn" and isinstance(det, FrequencyCNN)
 
 
+@pytest.mark.slow  # 40 s; the fast suite covers Deep-VRM under FSDP with the contract's 2-process gradient check
 @pytest.mark.timeout(600)
 def test_fsdp_two_processes_match_one_process(tmp_path):
     """`torchrun --nproc_per_node 2 ... trainer.strategy=fsdp` (gloo, CPU) trains the same detector as one process
