@@ -24,7 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -193,19 +192,10 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 
 def write_genimage(root: Path, generators=("stable_diffusion_v_1_4", "midjourney"), n: int = 4, size: int = 48):
-    """A GenImage-layout folder (``<generator>/<split>/{ai,nature}/*.png``): ai = 2x-upsampled noise."""
-    from PIL import Image
+    """A GenImage-layout folder (``<generator>/<split>/{ai,nature}/*.png``), as Deep-VRM's own tests write it."""
+    from tests.perception.forensics.test_deepvrm import _write_layout
 
-    rng = np.random.default_rng(0)
-    for gen in generators:
-        for split in ("train", "val"):
-            for cls in ("nature", "ai"):
-                (root / gen / split / cls).mkdir(parents=True)
-                for i in range(n):
-                    img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-                    if cls == "ai":
-                        img = np.asarray(Image.fromarray(img).resize((size // 2,) * 2).resize((size,) * 2))
-                    Image.fromarray(img).save(root / gen / split / cls / f"{i}.png")
+    _write_layout(root, n=n, size=size, generators=generators)
     return root
 
 

@@ -59,21 +59,11 @@ def _tiny(method: str, tmp: Path) -> list[str]:
     raise AssertionError(method)
 
 
-def _genimage_layout(root: Path, n: int = 4, size: int = 32) -> None:
-    """A user's GenImage layout (generators ``blur`` and ``box``): ai = blurred noise images."""
-    import numpy as np
-    from PIL import Image
+def _genimage_layout(root: Path) -> None:
+    """A user's GenImage layout (generators ``blur`` and ``box``), as Deep-VRM's own tests write it."""
+    from tests.perception.forensics.test_deepvrm import _write_layout
 
-    rng = np.random.default_rng(0)
-    for gen in ("blur", "box"):
-        for split in ("train", "val"):
-            for cls in ("nature", "ai"):
-                (root / gen / split / cls).mkdir(parents=True)
-                for i in range(n):
-                    img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-                    if cls == "ai":
-                        img = np.asarray(Image.fromarray(img).resize((size // 2,) * 2).resize((size,) * 2))
-                    Image.fromarray(img).save(root / gen / split / cls / f"{i}.png")
+    _write_layout(root, n=4, size=32)
 
 
 def _checkpoint(method: str, out: Path) -> Path:

@@ -132,12 +132,15 @@ def test_loss_falls_and_the_detector_learns_a_low_level_trace(tok):
     assert p[8:].min() > p[:8].max()  # every blurred image scores above every original
 
 
-def _write_layout(root, n=6, size=32, seed=0):
-    """A GenImage layout: ai = blurred nature images (two generator names)."""
+def _write_layout(root, n=6, size=32, seed=0, generators=("blur", "box")):
+    """A GenImage layout (``<generator>/<split>/{ai,nature}/*.png``): ai = 2x-downsampled-then-upsampled noise.
+
+    Shared by the other tests that need a user's GenImage folder (paper commands, FSDP runs).
+    """
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    for gen in ("blur", "box"):
+    for gen in generators:
         for split in ("train", "val"):
             for cls in ("nature", "ai"):
                 (root / gen / split / cls).mkdir(parents=True)
