@@ -283,3 +283,55 @@ def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
     summary = json.loads(next((outside / "drive").glob("*.json")).read_text())
     assert summary
     assert tree_digest(base) == before
+
+
+VIT_G_TINY = {"img_size": 32, "embed_dim": 44, "depth": 2, "num_heads": 2}  # ViT-g/16: 224 px, 1408, 40, 16
+
+
+def timm_vit_giant_file(folder: Path) -> Path:
+    """A ``vit_giant_patch16_gap_224`` weights file at timm's real structure (16 px patches, mlp ratio 48/11, no
+    class token, average pool) with shrunk widths (44 = 1408 / 32, so the MLP is a whole 192) and random weights:
+    the state dict as one ``.safetensors`` file, timm's own weight-file format."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    net = timm.create_model("vit_giant_patch16_gap_224", pretrained=False, num_classes=0, **VIT_G_TINY)
+    assert net.num_prefix_tokens == 0 and net.patch_embed.patch_size == (16, 16)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, folder / "vit_giant_patch16.safetensors")
+    return folder / "vit_giant_patch16.safetensors"
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_lacwm_paper_commands_on_a_timm_vit_giant_file(outside, tmp_path):
+    """`embodied train lacwm experiment=lacwm_paper model.encoder_path=<timm ViT-g/16 .safetensors>` (the frozen
+    timm encoder in the IDM, temporal attention, bf16, gradient checkpointing) for 2 pretraining steps and one per
+    adaptation stage on tiny recorded data, then the documented `embodied eval lacwm ...` on the result; the user's
+    weights file stays byte-identical and nothing is written next to it."""
+    weights = timm_vit_giant_file(tmp_path / "weights")
+    before = tree_digest(weights.parent)
+    yaml = REPO / "configs/experiment/lacwm_paper.yaml"
+    evals = [c for c in documented_commands(yaml) if c[:2] == ["embodied", "eval"]]
+    assert evals, "lacwm_paper.yaml documents no `embodied eval lacwm ...` command"
+    paths = {"model.encoder_path": str(weights)}
+    kwargs = "{" + ",".join(f"{k}:{v}" for k, v in VIT_G_TINY.items()) + "}"
+    shrink = ["model.image_size=32", "model.patch_size=16", f"model.encoder_kwargs={kwargs}", "model.width=32",
+              "model.num_heads=2", "model.idm_depth=1", "model.fdm_depth=1", "model.latent_dim=8",
+              "model.latent_tokens=2", "model.action_hidden=32", "model.aug_shift=2", "model.frame_skip=1",
+              "model.adapt.stage_steps=[1,1,1]", "model.adapt.lora_rank=2", "model.adapt.projector_hidden=16",
+              "model.adapt.batch_size=2", f"data.root={tmp_path / 'data'}", "data.image_size=32",
+              "data.num_pretrain_embodiments=1", "data.episodes=1", "data.adapt_episodes=1", "data.test_episodes=1",
+              "data.max_steps=12", "data.plan_episodes=1", "data.plan_max_steps=4", f"out_dir={tmp_path / 'run'}",
+              *FAST]
+    run_cli([*substitute(train_command(yaml), **paths)[1:], *shrink], outside)
+    run_cli([*substitute(evals[0], **paths)[1:], *shrink], outside)
+    run = tmp_path / "run"
+    cfg = json.loads(next(run.rglob("config.json")).read_text())
+    assert cfg["model"]["encoder"] == "timm:vit_giant_patch16_gap_224" and cfg["model"]["temporal_attention"]
+    assert Path(cfg["model"]["encoder_path"]).resolve() == weights.resolve()  # referenced, not copied
+    result = json.loads((run / "eval.json").read_text())
+    assert set(result["rollout"]) >= {"model", "shuffled", "copy_last"} and "probe" in result
+    assert tree_digest(weights.parent) == before
