@@ -240,22 +240,33 @@ def heldout_loss_by_level(
     Returns:
         ``{"t0.1": mse, ..., "mean": mean over levels}`` (per-element MSE averaged over all images).
     """
+    return fixed_level_mse(model, images, add_noise, lambda x0, eps, t: velocity_target(x0, eps), levels, seed,
+                           batch_size, prepare=_as_model_images)
+
+
+@torch.no_grad()
+def fixed_level_mse(model: nn.Module, clean: Tensor, noisy, target, levels: Sequence[float], seed: int,
+                    batch_size: int, prepare=None) -> dict[str, float]:
+    """The loop of ``heldout_velocity_mse`` and ``latent.latent_heldout_loss``: the MSE of ``model(x_t, t)`` to
+    ``target(x0, eps, t)`` at each fixed level, ``x_t = noisy(x0, eps, t)``, with one fixed noise draw (a CPU
+    generator seeded ``seed``) shared by every level; ``prepare`` maps a slice of ``clean`` to model inputs.
+    Returns ``{"t<level>": per-element MSE, ..., "mean"}``; the model's train / eval mode is restored."""
     was_training = model.training
     model.eval()
     device = _model_device(model)
-    n = images.shape[0]
-    noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    noise = torch.randn(clean.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
     out: dict[str, float] = {}
     try:
         for level in levels:
             total = 0.0
-            for i in range(0, n, batch_size):
-                x0 = _as_model_images(images[i:i + batch_size]).to(device, torch.float32)
+            for i in range(0, clean.shape[0], batch_size):
+                x0 = clean[i:i + batch_size]
+                x0 = (prepare(x0) if prepare is not None else x0).to(device, torch.float32)
                 eps = noise[i:i + batch_size].to(device)
                 t = torch.full((x0.shape[0],), float(level), device=device)
-                pred = model(add_noise(x0, eps, t), t).float()
-                total += float((pred - velocity_target(x0, eps)).pow(2).sum(dtype=torch.float64))
-            out[f"t{level:g}"] = total / max(images.numel(), 1)
+                pred = model(noisy(x0, eps, t), t).float()
+                total += float((pred - target(x0, eps, t)).pow(2).sum(dtype=torch.float64))
+            out[f"t{level:g}"] = total / max(clean.numel(), 1)
     finally:
         model.train(was_training)
     out["mean"] = sum(out.values()) / max(len(out), 1)

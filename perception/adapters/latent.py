@@ -457,24 +457,9 @@ def latent_heldout_loss(model: nn.Module, latents: Tensor, objective: Objective,
                         levels=(0.1, 0.3, 0.5, 0.7, 0.9), seed: int = 0, batch_size: int = 16) -> dict[str, float]:
     """The objective's MSE at fixed levels on held-out latents with fixed noise (a CPU generator seeded ``seed``):
     comparable across arms. ``model(x_t, t)``: the native prediction."""
-    was = model.training
-    model.eval()
-    device = _device(model)
-    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(seed))
-    out: dict[str, float] = {}
-    try:
-        for level in levels:
-            total = 0.0
-            for i in range(0, latents.shape[0], batch_size):
-                x0, eps = latents[i:i + batch_size].to(device).float(), noise[i:i + batch_size].to(device)
-                t = torch.full((x0.shape[0],), float(level), device=device)
-                pred = model(objective.noisy(x0, eps, t), t).float()
-                total += float((pred - objective.target(x0, eps, t)).pow(2).sum(dtype=torch.float64))
-            out[f"t{level:g}"] = total / max(latents.numel(), 1)
-    finally:
-        model.train(was)
-    out["mean"] = sum(out.values()) / max(len(out), 1)
-    return out
+    from perception.adapters.backbones import fixed_level_mse
+
+    return fixed_level_mse(model, latents, objective.noisy, objective.target, levels, seed, batch_size)
 
 
 @torch.no_grad()
