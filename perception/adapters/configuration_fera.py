@@ -133,14 +133,31 @@ class BackboneConfig:
         return [i < len(self.block_out_channels) - 1 for i in range(len(self.block_out_channels))]
 
 
-
 OBJECTIVES = ("auto", "flow", "epsilon", "v_prediction")
 BASE_DTYPES = ("float32", "bfloat16", "float16")
 
 
+@dataclass
+class LatentSettings:
+    """How a diffusers base is run in its latent space (``perception.adapters.latent``; ignored for a pixel base):
+    the shots' resolution and clip length, the objective, the fixed text conditioning, the DiT class, the dtype,
+    and the sampler's steps."""
+
+    image_size: int = 32
+    frames: int = 1
+    objective: str = "auto"
+    flow_shift: float | None = None
+    prompt: str = ""
+    prompt_embeds: str = ""
+    prompt_tokens: int = 77
+    class_label: int | None = None
+    base_dtype: str = "float32"
+    sample_steps: int = 20
+
+
 @schema("model", "fera_model_schema")
 @dataclass
-class FeRAModelConfig(BackboneConfig):
+class FeRAModelConfig(LatentSettings, BackboneConfig):
     """The base FeRA adapts: a user's diffusers model in its latent space, or the workspace's pixel-space base.
 
     ``base_path``: the base, opened read-only and never written: a diffusers pipeline folder (``model_index.json``
@@ -164,15 +181,8 @@ class FeRAModelConfig(BackboneConfig):
     pretrain_steps: int = 1500
     pretrain_lr: float = 1.0e-3
     pretrain_batch: int = 32
-    sample_steps: int = 20
-    frames: int = 1
-    objective: str = "auto"
-    flow_shift: float | None = None
-    prompt: str = ""
-    prompt_embeds: str = ""
-    prompt_tokens: int = 77
-    class_label: int | None = None
-    base_dtype: str = "float32"
+    # image_size, frames, objective, flow_shift, prompt, prompt_embeds, prompt_tokens, class_label, base_dtype and
+    # sample_steps come from LatentSettings (the part an adapted model keeps, ``latent()``)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -236,19 +246,3 @@ class AdaptedDenoiserConfig:
     latent: LatentSettings = field(default_factory=lambda: LatentSettings())
 
 
-@dataclass
-class LatentSettings:
-    """How a diffusers base is run in its latent space (``perception.adapters.latent``; ignored for a pixel base):
-    the shots' resolution and clip length, the objective, the fixed text conditioning, the DiT class, the dtype,
-    and the sampler's steps."""
-
-    image_size: int = 32
-    frames: int = 1
-    objective: str = "auto"
-    flow_shift: float | None = None
-    prompt: str = ""
-    prompt_embeds: str = ""
-    prompt_tokens: int = 77
-    class_label: int | None = None
-    base_dtype: str = "float32"
-    sample_steps: int = 20
