@@ -1,7 +1,8 @@
 """Configuration of Flex-Forcing and its data (light: no torch import).
 
-``FlexForcingConfig`` (``model`` group, schema ``flexforcing_schema``) sizes the per-frame VAE and the latent
-video DiT and says how the model is *trained*:
+``FlexForcingConfig`` (``model`` group, schema ``flexforcing_schema``) sizes the video VAE (diffusers
+``AutoencoderKLWan``) and the transformer (diffusers ``WanTransformer3DModel``, run chunk-causally by
+``core.layers.wan.CausalWan``) or names a user's Wan folders, and says how the model is *trained*:
 
 - ``chunking``: ``random`` (Flex-Forcing: a random partition of the clip into chunks every step, chunk-causal
   mask), ``one`` (the bidirectional-only baseline: one chunk, full attention) or ``singletons`` (the
@@ -18,6 +19,7 @@ video DiT and says how the model is *trained*:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.config import choice, schema
 from core.errors import ConfigError
@@ -25,45 +27,63 @@ from core.errors import ConfigError
 CHUNKINGS = ("random", "one", "singletons")
 NOISES = ("per_chunk", "per_clip")
 REGIMES = ("bidirectional", "autoregressive", "flex", "chunked")
+ATTENTIONS = ("auto", "sdpa", "flex")
 
 
 @schema("model", "flexforcing_schema")
 @dataclass
 class FlexForcingConfig:
-    """Sizes and training regime of ``FlexForcingModel`` (per-frame VAE + latent video DiT).
+    """Sizes and training regime of ``FlexForcingModel`` (Wan video VAE + chunk-causal Wan transformer).
 
-    Frames are ``frame_size`` square RGB; the VAE (diffusers ``AutoencoderKL``, ``vae_channels`` blocks)
-    downsamples them by ``2 ** (len(vae_channels) - 1)`` to ``latent_channels`` channels; the DiT patchifies
-    latents by ``patch`` and runs ``depth`` adaLN-Zero blocks of width ``dim`` with 3-D rotary positions.
-    ``num_frames`` is the training clip length (latent frames = video frames: the VAE is per frame).
+    Frames are ``frame_size`` RGB (an int: square; ``[H, W]``: rectangular). The VAE (``AutoencoderKLWan``:
+    ``vae_base_dim``, ``vae_dim_mult``, ``vae_num_res_blocks``, ``vae_temporal_downsample``) is causal in time:
+    the first video frame is one latent frame, every ``r = 2 ** sum(vae_temporal_downsample)`` more frames one
+    more; it downsamples space by ``2 ** (len(vae_dim_mult) - 1)`` to ``latent_channels`` channels. The
+    transformer (``WanTransformer3DModel``: ``num_heads`` x ``head_dim`` wide, ``depth`` blocks, MLP ``ffn_dim``,
+    ``patch`` x ``patch`` latent patches, text width ``text_dim``) sees ``num_frames`` *latent* frames per
+    training window; ``attention`` picks the masked-pass kernel (``auto``: FlexAttention on CUDA, SDPA elsewhere).
+
+    A user's weights: ``base_path`` is a Wan transformer folder or a diffusers pipeline folder (``transformer/``,
+    and ``vae/`` used unless ``vae_path`` is set); ``vae_path`` a Wan VAE folder or an earlier run's stage-1
+    ``vae``. They are only read; their diffusers configs are copied into ``transformer_config`` / ``vae_config``
+    so a checkpoint of this model rebuilds without them. Set, those two configs override the sizes.
 
     Training noise: levels ``t`` ~ logit-normal(``t_mean``, ``t_std``) shifted by ``t_shift``. With probability
-    ``context_prob`` a clip starts with 1..``max_context`` clean frames (t = 0, no loss): the conditioning
+    ``context_prob`` a clip starts with 1..``max_context`` clean latent frames (t = 0, no loss): the conditioning
     frames of continuation and first-frame-conditioned generation. Random partitions (``chunking=random``)
     are one chunk with probability ``p_one_chunk``, singletons with ``p_singletons``, else random cut points.
 
-    Stage 1 (no ``vae_path``): the VAE trains ``vae_pretrain_steps`` steps on batches of ``vae_batch_frames``
-    frames (whole clips), decoding the posterior mean unless ``vae_sample_posterior`` (see
-    ``core.layers.vae.AutoencoderTrainer``). Sampling defaults: ``sample_steps`` Euler steps on a grid shifted by ``sample_shift``; ``pyramid_levels``
+    Stage 1 (no ``vae_path``): the VAE trains ``vae_pretrain_steps`` steps on batches of ``vae_batch_clips``
+    clips of ``vae_clip_frames`` video frames from different source videos at random offsets
+    (``core.layers.vae.FrameDiverseClips``), decoding the posterior mean unless ``vae_sample_posterior``.
+    Sampling defaults: ``sample_steps`` Euler steps on a grid shifted by ``sample_shift``; ``pyramid_levels``
     levels of the flex schedule (each halves every chunk of the previous one).
     """
 
-    frame_size: int = 32
-    latent_channels: int = 4
-    vae_channels: list[int] = field(default_factory=lambda: [32, 64, 64])
-    vae_layers_per_block: int = 1
-    vae_norm_groups: int = 8
+    frame_size: Any = 32
+    latent_channels: int = 8
+    vae_base_dim: int = 16
+    vae_dim_mult: list[int] = field(default_factory=lambda: [1, 2])
+    vae_num_res_blocks: int = 1
+    vae_temporal_downsample: list[bool] = field(default_factory=lambda: [False])
     vae_path: str | None = None
+    vae_config: dict[str, Any] | None = None
     vae_pretrain_steps: int = 1200
-    vae_pretrain_lr: float = 5.0e-4
-    vae_batch_frames: int = 32
+    vae_pretrain_lr: float = 1.0e-3
+    vae_batch_clips: int = 16
+    vae_clip_frames: int = 5
     vae_sample_posterior: bool = False
     vae_kl_weight: float = 1.0e-6
+    base_path: str | None = None
+    transformer_config: dict[str, Any] | None = None
     patch: int = 2
-    dim: int = 128
-    depth: int = 4
     num_heads: int = 4
-    mlp_ratio: float = 4.0
+    head_dim: int = 32
+    depth: int = 4
+    ffn_dim: int = 512
+    text_dim: int = 32
+    freq_dim: int = 64
+    attention: str = "auto"
     num_frames: int = 8
     chunking: str = "random"
     noise: str = "per_chunk"
@@ -82,14 +102,20 @@ class FlexForcingConfig:
     def __post_init__(self):
         choice("model.chunking", self.chunking, CHUNKINGS)
         choice("model.noise", self.noise, NOISES)
-        if not self.vae_channels:
-            raise ConfigError("model.vae_channels must not be empty")
-        factor = 2 ** (len(self.vae_channels) - 1)
-        if self.frame_size % (factor * self.patch):
-            raise ConfigError(f"model.frame_size={self.frame_size} must be a multiple of the VAE factor {factor} x "
+        choice("model.attention", self.attention, ATTENTIONS)
+        hw = self.frame_hw
+        if not self.vae_dim_mult:
+            raise ConfigError("model.vae_dim_mult must not be empty")
+        if self.vae_config is None and len(self.vae_temporal_downsample) != len(self.vae_dim_mult) - 1:
+            raise ConfigError(f"model.vae_temporal_downsample needs {len(self.vae_dim_mult) - 1} flags (one per "
+                              f"downsampling level of vae_dim_mult={list(self.vae_dim_mult)}), got "
+                              f"{list(self.vae_temporal_downsample)}")
+        unit = self.vae_factor * self.patch
+        if hw[0] % unit or hw[1] % unit:
+            raise ConfigError(f"model.frame_size={list(hw)} must be a multiple of the VAE factor {self.vae_factor} x "
                               f"model.patch={self.patch}")
-        if self.dim % self.num_heads or (self.dim // self.num_heads) % 2:
-            raise ConfigError(f"model.dim={self.dim} must split into num_heads={self.num_heads} heads of even width")
+        if self.transformer_config is None and self.head_dim % 2:
+            raise ConfigError(f"model.head_dim={self.head_dim} must be even (rotary pairs)")
         if self.num_frames < 2:
             raise ConfigError(f"model.num_frames must be >= 2, got {self.num_frames}")
         if not 0 <= self.max_context < self.num_frames:
@@ -103,14 +129,61 @@ class FlexForcingConfig:
             raise ConfigError("model.sample_steps and model.pyramid_levels must be >= 1")
         if self.k_projection and self.chunking == "one":
             raise ConfigError("model.k_projection acts on earlier chunks' keys; with chunking=one there are none")
+        if (self.vae_clip_frames - 1) % self.temporal_factor:
+            raise ConfigError(f"model.vae_clip_frames={self.vae_clip_frames} must be 1 + {self.temporal_factor} k "
+                              "(the VAE encodes the first frame alone, then groups of its temporal factor)")
+
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """(H, W) of a frame."""
+        fs = self.frame_size
+        if isinstance(fs, int) and not isinstance(fs, bool):
+            return fs, fs
+        try:
+            h, w = (int(v) for v in fs)
+        except (TypeError, ValueError):
+            raise ConfigError(f"model.frame_size must be an int or [H, W], got {fs!r}") from None
+        return h, w
 
     @property
     def vae_factor(self) -> int:
-        return 2 ** (len(self.vae_channels) - 1)
+        """Spatial compression of the VAE."""
+        if self.vae_config is not None:
+            return 2 ** (len(self.vae_config.get("dim_mult", [1, 2, 4, 4])) - 1) * int(
+                self.vae_config.get("patch_size") or 1)
+        return 2 ** (len(self.vae_dim_mult) - 1)
+
+    @property
+    def temporal_factor(self) -> int:
+        """Video frames per latent frame after the first (Wan2.1's VAE: 4)."""
+        if self.vae_config is not None:
+            levels = len(self.vae_config.get("dim_mult", [1, 2, 4, 4])) - 1
+            flags = list(self.vae_config.get("temperal_downsample", [False, True, True]))[:levels]
+            return 2 ** sum(bool(f) for f in flags)
+        return 2 ** sum(bool(f) for f in self.vae_temporal_downsample)
+
+    @property
+    def latent_hw(self) -> tuple[int, int]:
+        """(h, w) of a latent frame."""
+        h, w = self.frame_hw
+        return h // self.vae_factor, w // self.vae_factor
 
     @property
     def latent_size(self) -> int:
-        return self.frame_size // self.vae_factor
+        """The latent side of square frames (``latent_hw`` for rectangular ones)."""
+        h, w = self.latent_hw
+        if h != w:
+            raise ConfigError(f"frames are rectangular ({h} x {w} latents): use latent_hw")
+        return h
+
+    @property
+    def video_frames(self) -> int:
+        """Video frames of a training window (``1 + (num_frames - 1) r``)."""
+        return 1 + (self.num_frames - 1) * self.temporal_factor
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
 
 
 @schema("data", "flexforcing_videos_schema")

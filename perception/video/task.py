@@ -1,20 +1,22 @@
 """``embodied train flexforcing`` / ``embodied eval flexforcing``: the task functions, separate from the CLI.
 
-train: (render the simulator clips with ``sim.render.videos`` if ``data.root`` is missing) -> windows of
-``model.num_frames`` frames -> [stage 1: the per-frame VAE as an auto-encoder, into ``<out_dir>/vae``, unless
-``model.vae_path`` names one (a diffusers folder or an earlier run's ``vae``)] -> per-channel latent statistics
--> ``FlexForcingModel`` with the VAE frozen -> the core Trainer -> checkpoints.
+train: (render the simulator clips with ``sim.render.videos`` if ``data.root`` is missing) -> [stage 1: the
+Wan VAE as an auto-encoder on frame-diverse short clips, into ``<out_dir>/vae``, unless ``model.vae_path`` /
+``model.base_path`` name one (a user's Wan VAE folder or an earlier run's ``vae``)] -> per-channel latent
+statistics (unless the user's VAE states them) -> every source video encoded once (causally, whole) -> windows of
+``model.num_frames`` *latent* frames -> ``FlexForcingModel`` with the VAE frozen -> the core Trainer.
 
 evaluate: held-out clips (rendered from ``data.test_seed``, ``data.test_frames`` long) -> the first
-``data.context`` frames are given, the model continues them to ``data.eval_frames`` frames in every regime of
-``data.regimes`` it was trained for, on every seed of ``data.seeds`` -> metrics per regime:
+``data.context`` latent frames are given (the first ``1 + (context - 1) r`` video frames, encoded), the model
+continues them to the latent length of ``data.eval_frames`` video frames in every regime of ``data.regimes`` it
+was trained for, on every seed of ``data.seeds``; the whole latent video is decoded (the VAE is causal) and the
+new video frames are scored -> metrics per regime (with ``r`` = 1, latent frames are video frames):
 
 - ``psnr`` / ``ssim`` / ``fd`` / ``flicker`` on the new frames inside the first training-length window
-  (frames ``context .. num_frames - 1``): quality of the continuation against ground truth;
-- ``drift``: for videos ``m`` = 1, 2, 4, 8 ... times the training length (``m * num_frames`` frames, as many as
-  ``eval_frames`` allows), PSNR and FD-EffNet of their last ``num_frames - context`` generated frames against the
-  ground-truth frames at the same indices — error growth with length, and whether frames stay on the data
-  manifold;
+  (video frames ``given .. video_frames - 1``): quality of the continuation against ground truth;
+- ``drift``: for videos ``m`` = 1, 2, 4, 8 ... times the training length (as many as ``eval_frames`` allows),
+  PSNR and FD-EffNet of their last window's new frames against the ground-truth frames at the same indices —
+  error growth with length, and whether frames stay on the data manifold;
 - ``psnr_per_frame``: the curve behind the drift plot;
 - ``fps`` (new frames per second of sampling, latents only, the batch counted), ``fps_decoded`` (with the VAE
   decode) and ``first_frame_s`` (time to the first new frame, whole batch).
@@ -68,43 +70,50 @@ def build_dataset(data: FlexVideoDataConfig, clip_len: int, split: str = "train"
 
 
 class LatentWindows(torch.utils.data.Dataset):
-    """The windows of a ``VideoClipDataset`` as normalised latents: every source video is encoded once (the VAE
-    is frozen after stage 1), so a training step runs the DiT only. Items: ``{"latents": (T, C, h, w)}``."""
+    """Windows of ``num_frames`` latent frames, every ``step`` latents, of the source videos of a
+    ``VideoClipDataset``: each source is encoded once, whole (the VAE is frozen after stage 1 and causal, so a
+    window's latents are those of its frames in context), so a training step runs the transformer only.
+    Items: ``{"latents": (num_frames, C, h, w)}``."""
 
-    def __init__(self, clips, model, batch: int = 256):
-        if clips.stride != 1:
-            raise ValueError("LatentWindows needs clips of consecutive frames (stride 1)")
-        self.clip_len = clips.clip_len
-        self.index = clips.clip_index.copy()
-        self.latents = {}
+    def __init__(self, clips, model, num_frames: int, step: int = 1):
+        r = model.config.temporal_factor
+        self.latents, index = {}, []
         device = model.latent_mean.device
-        for vi in sorted({int(v) for v, _ in self.index}):
-            frames = torch.from_numpy(clips.source_frames(vi)).to(device)
-            self.latents[vi] = model.encode(frames[None], chunk=batch)[0].to("cpu", torch.float32)
+        for vi in range(len(clips.sources)):
+            frames = torch.from_numpy(clips.source_frames(vi))
+            usable = 1 + (len(frames) - 1) // r * r  # the longest 1 + r k prefix
+            z = model.encode(frames[None, :usable].to(device))[0].to("cpu", torch.float32)
+            self.latents[vi] = z
+            index += [(vi, s) for s in range(0, len(z) - num_frames + 1, step)]
+        if not index:
+            raise DataError(str(clips.sources[0].parent) if clips.sources else "videos",
+                            f"no source video is {num_frames} latent frames long")
+        self.index, self.num_frames = index, num_frames
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        vi, start = (int(x) for x in self.index[i])
-        return {"latents": self.latents[vi][start:start + self.clip_len].clone()}
+        vi, start = self.index[i]
+        return {"latents": self.latents[vi][start:start + self.num_frames].clone()}
 
 
-def pretrain_vae(model, dataset, trainer_cfg: TrainerConfig, model_cfg: FlexForcingConfig, out_dir: Path,
+def pretrain_vae(model, clips, trainer_cfg: TrainerConfig, model_cfg: FlexForcingConfig, out_dir: Path,
                  run_config: dict[str, Any]) -> dict[str, float]:
-    """Stage 1: ``model.vae`` trained as a per-frame auto-encoder on the training clips."""
-    from core.layers.vae import AutoencoderTrainer
+    """Stage 1: ``model.vae`` trained as a video auto-encoder on frame-diverse short clips of the sources."""
+    from core.layers.vae import FrameDiverseClips, VideoAutoencoderTrainer
     from core.trainer import Trainer
 
-    ae = AutoencoderTrainer(model.vae, "video", model_cfg.vae_kl_weight, model_cfg.vae_sample_posterior)
+    ae = VideoAutoencoderTrainer(model.vae, "video", model_cfg.vae_kl_weight, model_cfg.vae_sample_posterior)
+    data = FrameDiverseClips(clips, model_cfg.vae_clip_frames, per_source=64, seed=trainer_cfg.seed)
     model.vae.requires_grad_(True)
     steps = model_cfg.vae_pretrain_steps
     cfg = dataclasses.replace(
         trainer_cfg, max_steps=steps, ckpt_every=steps, ema_decay=None, grad_clip=1.0,
-        batch_size=max(1, model_cfg.vae_batch_frames // model_cfg.num_frames),
+        batch_size=model_cfg.vae_batch_clips, gradient_checkpointing=False,
         optim=dataclasses.replace(trainer_cfg.optim, lr=model_cfg.vae_pretrain_lr, param_group_lrs={}),
         scheduler=dataclasses.replace(trainer_cfg.scheduler, warmup_steps=min(50, steps // 10)))
-    trainer = Trainer(ae, dataset, cfg, out_dir, run_config={**run_config, "stage": "vae"})
+    trainer = Trainer(ae, data, cfg, out_dir, run_config={**run_config, "stage": "vae"})
     result = trainer.fit()
     trainer.release()  # FSDP: the VAE's full parameters back, for the latent statistics and the DiT stage
     model.vae.requires_grad_(False)
@@ -123,26 +132,33 @@ def train(cfg) -> dict[str, Any]:
     model_cfg: FlexForcingConfig = to_object(cfg.model)
     data: FlexVideoDataConfig = to_object(cfg.data)
     trainer_cfg: TrainerConfig = to_object(cfg.trainer)
-    if data.size != model_cfg.frame_size:
-        raise DataError(data.root, f"data.size={data.size} differs from model.frame_size={model_cfg.frame_size}")
     out_dir = Path(cfg.out_dir)
-    dataset = build_dataset(data, model_cfg.num_frames)
     seed_everything(trainer_cfg.seed)
     run_config = to_container(cfg)
-    model = FlexForcingModel(model_cfg)
-    if model_cfg.vae_path is not None:
-        load_autoencoder_weights(model.vae, model_cfg.vae_path)
-    elif model_cfg.vae_pretrain_steps > 0:
-        pretrain_vae(model, dataset, trainer_cfg, model_cfg, out_dir / "vae", run_config)
-    g = torch.Generator().manual_seed(trainer_cfg.seed)
-    idx = torch.randperm(len(dataset), generator=g)[:64].tolist()
-    model.set_latent_stats(torch.stack([dataset[i]["video"] for i in idx]))
+    model = FlexForcingModel(model_cfg)  # reads model.base_path / model.vae_path (only read) when set
+    model_cfg = model.config
+    if model_cfg.frame_hw != (data.size, data.size):
+        raise DataError(data.root, f"data.size={data.size} differs from model.frame_size={list(model_cfg.frame_hw)}")
+    clips = build_dataset(data, model_cfg.video_frames)
+    user_vae = model_cfg.vae_path is not None or (model_cfg.base_path is not None and
+                                                  (Path(model_cfg.base_path) / "vae").is_dir())
+    if not user_vae and model_cfg.vae_pretrain_steps > 0:
+        pretrain_vae(model, clips, trainer_cfg, model_cfg, out_dir / "vae", run_config)
+    from core.layers.vae import wan_latent_stats
+
+    if wan_latent_stats(model.vae) is None:  # a VAE trained here (or stating none): measure on 64 clips
+        g = torch.Generator().manual_seed(trainer_cfg.seed)
+        idx = torch.randperm(len(clips), generator=g)[:64].tolist()
+        model.set_latent_stats(torch.stack([clips[i]["video"] for i in idx]))
     log.info("latent mean %s std %s", model.latent_mean.tolist(), model.latent_std.tolist())
+    if model.load_report:
+        log.info("loaded %s: missing %s, unexpected %s", model_cfg.base_path, model.load_report["missing"],
+                 model.load_report["unexpected"])
     run_config["model"] = dataclasses.asdict(model_cfg)
     save_resolved(run_config, out_dir)
-    latents = LatentWindows(dataset, model)
+    latents = LatentWindows(clips, model, model_cfg.num_frames, data.window_step)
     result = Trainer(model, latents, trainer_cfg, out_dir, run_config=run_config).fit()
-    log.info("trained %s/%s on %d clips; final %s", model_cfg.chunking, model_cfg.noise, len(dataset),
+    log.info("trained %s/%s on %d clips; final %s", model_cfg.chunking, model_cfg.noise, len(clips.sources),
              result["metrics"])
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
 
@@ -157,27 +173,35 @@ def _fd(a: torch.Tensor, b: torch.Tensor) -> float:
 @torch.no_grad()
 def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed: int, batch_size: int = 24
                     ) -> dict[str, Any]:
-    """Continue ``video`` (N, L, 3, H, W) uint8 clips from their first ``context`` frames in ``regime``."""
+    """Continue ``video`` (N, L, 3, H, W) uint8 clips from their first ``context`` latent frames in ``regime``.
+
+    The given video frames are the first ``1 + (context - 1) r``; the clips are cut to the longest ``1 + r k``
+    frames; metrics are on the new video frames (see the module docstring).
+    """
     from core.metrics.image import psnr, ssim, temporal_flicker
     from perception.video.sampling import generate
 
     device = next(model.parameters()).device
+    r = model.config.temporal_factor
+    video = video[:, :1 + (video.shape[1] - 1) // r * r]
     n, length = video.shape[:2]
-    t_len = model.config.num_frames
-    win = t_len - context
+    lat_len = 1 + (length - 1) // r
+    given = 1 + (context - 1) * r  # video frames given
+    t_len = model.config.video_frames  # video frames of a training window
+    win = t_len - given
     gens, secs, first, dec_secs = [], 0.0, [], 0.0
     for s in range(0, n, batch_size):
         clip = video[s:s + batch_size].to(device)
-        z = model.encode(clip[:, :context])
+        z = model.encode(clip[:, :given])
         g = torch.Generator().manual_seed(seed * 7919 + s)
-        out = generate(model, z, length - context, regime, generator=g)
+        out = generate(model, z, lat_len - context, regime, generator=g)
         secs += out.seconds
         first.append(out.first_frame_s)
         t0 = time.perf_counter()
-        gens.append(model.decode(out.latents[:, context:]).cpu())
+        gens.append(model.decode(out.latents)[:, given:].cpu())  # the whole latent video: the VAE is causal
         dec_secs += time.perf_counter() - t0
-    gen = torch.cat(gens)  # (N, L - context, 3, H, W)
-    gt = video[:, context:]
+    gen = torch.cat(gens)  # (N, L - given, 3, H, W)
+    gt = video[:, given:]
     as_f = lambda x: x.float() / 255.0  # noqa: E731
     per_frame = psnr(as_f(gen).flatten(0, 1), as_f(gt).flatten(0, 1)).reshape(n, -1).mean(0)
     q_gen, q_gt = gen[:, :win], gt[:, :win]
@@ -185,20 +209,20 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
         "psnr": float(psnr(as_f(q_gen).flatten(0, 1), as_f(q_gt).flatten(0, 1)).mean()),
         "ssim": float(ssim(as_f(q_gen).flatten(0, 1), as_f(q_gt).flatten(0, 1)).mean()),
         "fd": _fd(q_gt, q_gen),
-        "flicker": float(temporal_flicker(torch.cat([video[:, context - 1:context], q_gen], 1), 255.0).mean()),
-        "flicker_gt": float(temporal_flicker(video[:, context - 1:t_len], 255.0).mean()),
+        "flicker": float(temporal_flicker(torch.cat([video[:, given - 1:given], q_gen], 1), 255.0).mean()),
+        "flicker_gt": float(temporal_flicker(video[:, given - 1:t_len], 255.0).mean()),
         "psnr_per_frame": [round(float(x), 3) for x in per_frame],
-        "fps": n * (length - context) / max(secs, 1e-9),
-        "fps_decoded": n * (length - context) / max(secs + dec_secs, 1e-9),
+        "fps": n * (length - given) / max(secs, 1e-9),
+        "fps_decoded": n * (length - given) / max(secs + dec_secs, 1e-9),
         "first_frame_s": float(sum(first) / len(first)),
         "drift": {},
     }
     m = 1
     while m * t_len <= length:  # the last ``win`` new frames of a video m times the training length
-        e = m * t_len - context
+        e = m * t_len - given
         a = e - win
         result["drift"][f"{m}x"] = {
-            "frames": [a + context, e + context],
+            "frames": [a + given, e + given],
             "psnr": float(per_frame[a:e].mean()),
             "fd": _fd(gt[:, a:e], gen[:, a:e]),
         }

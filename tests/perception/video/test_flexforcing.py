@@ -24,11 +24,10 @@ from perception.video.chunking import (
     refines,
 )
 from perception.video.configuration_flexforcing import FlexForcingConfig
-from perception.video.modeling_flexforcing import FlexForcingModel
+from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
 from perception.video.sampling import fill_cache, flex_reference, generate, supported_regimes
 
-TINY = FlexForcingConfig(frame_size=16, vae_channels=[8, 8], vae_norm_groups=4, dim=32, depth=2, num_heads=2,
-                         num_frames=6, sample_steps=4, pyramid_levels=3)
+TINY = tiny_config()
 
 
 def perturbed(model: FlexForcingModel, seed: int = 0, std: float = 0.05) -> FlexForcingModel:
@@ -44,7 +43,7 @@ def perturbed(model: FlexForcingModel, seed: int = 0, std: float = 0.05) -> Flex
 
 def tiny(seed: int = 0, **kw) -> FlexForcingModel:
     torch.manual_seed(seed)
-    cfg = FlexForcingConfig(**{**TINY.__dict__, **kw})
+    cfg = tiny_config(**kw)
     return perturbed(FlexForcingModel(cfg), seed)
 
 
@@ -173,20 +172,21 @@ def test_per_frame_timesteps_reach_their_own_frames_tokens():
     t = torch.full((2, 6), 0.5)
     seen = {}
 
-    def grab(module, inputs, output):
-        seen.setdefault("c", inputs[0].detach())
+    def grab(module, inputs):
+        seen.setdefault("c", inputs[2].detach())  # the block's modulation input (Wan's timestep_proj), per token
 
-    hook = model.dit.blocks[0].adaLN.register_forward_hook(grab)
+    hook = model.dit.blocks[0].register_forward_pre_hook(grab)
     t2 = t.clone()
     t2[:, 3] = 0.9
     with torch.no_grad():
         a = model.dit(z, t, torch.arange(6), chunk_ids([1] * 6))
         seen.clear()
         b = model.dit(z, t2, torch.arange(6), chunk_ids([1] * 6))
-        emb = model.dit.t_embedder(t2)
+        ce = model.dit.transformer.condition_embedder
+        emb = ce.time_proj(ce.act_fn(model.dit._time_embedding(t2)))  # (B, F, 6 D)
     hook.remove()
-    c = seen["c"].view(2, 6, 16, 32)
-    torch.testing.assert_close(c, emb[:, :, None].expand(2, 6, 16, 32))
+    c = seen["c"].view(2, 6, 16, 6 * 32)
+    torch.testing.assert_close(c, emb[:, :, None].expand(2, 6, 16, 6 * 32))
     assert torch.equal(a[:, :3], b[:, :3])  # frame-causal: earlier frames do not see frame 3's level
     assert (a[:, 3] - b[:, 3]).abs().max() > 1e-4
 
