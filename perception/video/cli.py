@@ -25,11 +25,23 @@ SAMPLE_FRAME = "sample_first_frame.png"
 FPS = 15
 
 
-def read_first_frame(path: str | Path, size: int) -> np.ndarray:
-    """An image file -> (size, size, 3) uint8 RGB (``core.data.imread.read_square``: centre crop, area resize)."""
+def read_first_frame(path: str | Path, size: int | tuple[int, int]) -> np.ndarray:
+    """An image file -> (H, W, 3) uint8 RGB: centre-cropped to the aspect of ``size`` ((H, W), or a square side)
+    and area-resized (``core.data.imread.read_square`` for a square)."""
     from core.data.imread import read_square
 
-    return read_square(path, size)
+    h, w = (size, size) if isinstance(size, int) else size
+    if h == w:
+        return read_square(path, h)
+    import cv2
+
+    from core.data.imread import read_image
+
+    img = read_image(Path(path))
+    ih, iw = img.shape[:2]
+    ch, cw = (ih, round(ih * w / h)) if iw * h >= ih * w else (round(iw * h / w), iw)  # the largest (h:w) window
+    y0, x0 = (ih - ch) // 2, (iw - cw) // 2
+    return np.ascontiguousarray(cv2.resize(img[y0:y0 + ch, x0:x0 + cw], (w, h), interpolation=cv2.INTER_AREA))
 
 
 def infer(args) -> int:
@@ -38,7 +50,7 @@ def infer(args) -> int:
 
     from core.data.video import write_mp4
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import generate, supported_regimes
+    from perception.video.sampling import continue_video, supported_regimes
 
     out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
     if args.frames is None or args.frames < 2:
@@ -53,7 +65,7 @@ def infer(args) -> int:
     if args.mode not in supported_regimes(model):
         raise ConfigError(f"--mode {args.mode}: this checkpoint (chunking={model.config.chunking}) runs only "
                           f"{', '.join(supported_regimes(model))}")
-    size = model.config.frame_size
+    size = model.config.frame_hw
     if first_path is None:
         sample = Path(model.loaded_from["path"]) / SAMPLE_FRAME
         if not sample.is_file():
@@ -67,15 +79,12 @@ def infer(args) -> int:
 
         warn_if_out_of_domain(model.loaded_from["path"], [first], [str(first_path)])
     video = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None, None]
-    z = model.encode(video)
     g = torch.Generator().manual_seed(args.seed)
-    gen = generate(model, z, args.frames - 1, args.mode, steps=args.steps, generator=g)
-    frames = model.decode(gen.latents)[0].permute(0, 2, 3, 1).numpy()
-    frames[0] = first
+    frames, gen = continue_video(model, video, args.frames, args.mode, context=1, generator=g, steps=args.steps)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_mp4(out, frames, fps=FPS)
-    print(f"{args.mode}: {args.frames} frames ({size} px) in {gen.seconds:.2f} s, first new frame after "
-          f"{gen.first_frame_s:.2f} s -> {out}")
+    write_mp4(out, frames[0].permute(0, 2, 3, 1).numpy(), fps=FPS)
+    print(f"{args.mode}: {args.frames} frames ({size[0]} x {size[1]} px) in {gen.seconds:.2f} s, first new frame "
+          f"after {gen.first_frame_s:.2f} s -> {out}")
     return 0
 
 
@@ -95,6 +104,6 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     from sim.render.videos import calibrate_clip_domain
 
     checkpoint = Path(checkpoint or DEFAULT_CHECKPOINT)
-    size = FlexForcingModel.from_pretrained(checkpoint).config.frame_size
+    size = FlexForcingModel.from_pretrained(checkpoint).config.frame_hw[0]
 
     return calibrate_clip_domain(checkpoint, size, work, n_train, n_cal, n_heldout)

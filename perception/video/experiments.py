@@ -38,7 +38,7 @@ def ensure_vae(out: Path, extra: list[str]) -> Path:
 
     cfg = compose(["experiment=flexforcing", *extra])
     model_cfg, data, trainer_cfg = to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
-    pretrain_vae(FlexForcingModel(model_cfg), build_dataset(data, model_cfg.num_frames), trainer_cfg, model_cfg,
+    pretrain_vae(FlexForcingModel(model_cfg), build_dataset(data, model_cfg.video_frames), trainer_cfg, model_cfg,
                  vae, to_container(cfg))
     return vae
 
@@ -70,7 +70,7 @@ def summarise(results: dict[str, dict[int, dict[str, Any]]], method_arm: str = "
             row["per_seed"] = {str(s): {k: v[k] for k in METRICS} | {"drift": v["drift"]} for s, v in per_seed.items()}
             rows[name] = row
     first = next(iter(results[first_arm].values()))
-    return {"rows": rows, "context": first["context"], "train_frames": first["train_frames"],
+    return {"rows": rows, "references": first.get("references", {}), "context": first["context"], "train_frames": first["train_frames"],
             "eval_frames": first["eval_frames"], "clips": first["clips"], "seeds": sorted(results[first_arm])}
 
 
@@ -82,7 +82,7 @@ def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips
     from core.config import compose, to_object
     from core.data.video import write_mp4
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import generate, supported_regimes
+    from perception.video.sampling import continue_video, supported_regimes
     from perception.video.task import build_dataset
 
     data = to_object(compose(["experiment=flexforcing"]).data)
@@ -94,10 +94,8 @@ def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips
         for regime in supported_regimes(model):
             if regime == "chunked":
                 continue
-            g = generate(model, model.encode(video[:, :data.context]), data.eval_frames - data.context, regime,
-                         generator=torch.Generator().manual_seed(0))
-            frames = model.decode(g.latents)
-            frames[:, :data.context] = video[:, :data.context]
+            frames, _ = continue_video(model, video, video.shape[1], regime, context=data.context,
+                                       generator=torch.Generator().manual_seed(0))
             both = torch.cat([video, frames], dim=-1)  # (N, T, 3, H, 2W): truth | model
             grid = both.permute(1, 0, 3, 4, 2).reshape(both.shape[1], -1, both.shape[-1], 3).numpy()
             grid = np.repeat(np.repeat(grid, 3, axis=1), 3, axis=2)
@@ -178,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.ship / "comparison.json", summary)
     if args.export:
         export_checkpoint(next(iter(runs.values()))[args.seeds[0]], args.export, summary, args.steps, args.seeds[0])
+    for name, ref in summary["references"].items():
+        print(f"{'reference: ' + name:32s} " + " ".join(f"{k} {v:.2f}" for k, v in ref.items()))
     for name, row in summary["rows"].items():
         print(f"{name:32s} PSNR {row['psnr']:.2f} SSIM {row['ssim']:.3f} FD {row['fd']:.1f} flicker "
               f"{row['flicker']:.4f} FD4x {row['drift'].get('4x', {}).get('fd', float('nan')):.1f} FD8x "

@@ -77,8 +77,15 @@ class FlexForcingModel(PreTrainedModel):
     def __init__(self, config: FlexForcingConfig):
         super().__init__()
         vae_src = _vae_source(config)
-        if vae_src is not None:
-            self.vae = build_autoencoder_kl_wan(path=vae_src)
+        if vae_src is not None:  # a Wan VAE folder (its config gives the sizes) or an earlier run's stage 1
+            if config.vae_config is not None:
+                from diffusers import AutoencoderKLWan
+
+                self.vae = AutoencoderKLWan.from_config(config.vae_config)
+            else:
+                self.vae = build_autoencoder_kl_wan(config.vae_base_dim, config.latent_channels, config.vae_dim_mult,
+                                                    config.vae_num_res_blocks, config.vae_temporal_downsample,
+                                                    path=vae_src)
             load_autoencoder_weights(self.vae, vae_src)
         elif config.vae_config is not None:
             from diffusers import AutoencoderKLWan

@@ -33,7 +33,8 @@ from core.diffusion import euler_step, timestep_grid
 from core.layers.kv_cache import KVCache
 from perception.video.chunking import chunk_ids, level_of_step, pyramid_schedule
 
-__all__ = ["Generation", "fill_cache", "flex_reference", "generate", "supported_regimes"]
+__all__ = ["Generation", "continue_video", "fill_cache", "flex_reference", "generate", "given_video_frames",
+           "supported_regimes"]
 
 
 @dataclass
@@ -247,3 +248,36 @@ def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", s
     gen.first_frame_s = clock.first if clock.first is not None else float("nan")
     gen.latents = out
     return gen
+
+
+def given_video_frames(model, context: int) -> int:
+    """Video frames behind ``context`` latent frames: the first alone, then the VAE's temporal factor each."""
+    return 1 + (context - 1) * model.config.temporal_factor
+
+
+@torch.no_grad()
+def continue_video(model, video: torch.Tensor, num_frames: int, regime: str = "flex", context: int | None = None,
+                   generator: torch.Generator | None = None, steps: int | None = None
+                   ) -> tuple[torch.Tensor, Generation]:
+    """Continue the first frames of ``video`` (B, T, 3, H, W) uint8 to about ``num_frames`` video frames.
+
+    The first ``context`` latent frames are given (``given_video_frames`` video frames; default as many as
+    ``video`` holds, at most the model's ``max_context``); the latent video is extended to cover ``num_frames``
+    frames (rounded up to ``1 + r k``) and decoded whole (the VAE is causal), and the given frames are put back
+    exactly. Returns ``(frames (B, num_frames, 3, H, W) uint8, Generation)``.
+    """
+    r = model.config.temporal_factor
+    if context is None:
+        context = max(1, min(1 + (video.shape[1] - 1) // r, model.config.max_context or 1))
+    given = given_video_frames(model, context)
+    if video.shape[1] < given:
+        raise ValueError(f"{context} latent frames need {given} given video frames, got {video.shape[1]}")
+    if num_frames <= given:
+        raise ValueError(f"num_frames={num_frames} must exceed the {given} given frames")
+    device = model.latent_mean.device
+    z = model.encode(video[:, :given].to(device))
+    latents = 1 + -(-(num_frames - 1) // r)  # ceil: enough latent frames for num_frames video frames
+    gen = generate(model, z, latents - context, regime, steps=steps, generator=generator)
+    frames = model.decode(gen.latents)[:, :num_frames].cpu()
+    frames[:, :given] = video[:, :given].to(frames.device)
+    return frames, gen

@@ -49,10 +49,10 @@ def ensure_data(data: FlexVideoDataConfig, split: str) -> Path:
 
     if split == "train":
         root = Path(data.root)
-        ensure_dataset(root, data.render_n, data.render_frames, data.render_seed, data.size)
+        ensure_dataset(root, data.render_n, data.render_frames, data.render_seed, max(data.frame_hw))
     else:
         root = Path(data.test_root)
-        ensure_dataset(root, data.test_n, data.test_frames, data.test_seed, data.size)
+        ensure_dataset(root, data.test_n, data.test_frames, data.test_seed, max(data.frame_hw))
     folder = root / "train" / "video" if (root / "train" / "video").is_dir() else root
     return folder
 
@@ -62,7 +62,7 @@ def build_dataset(data: FlexVideoDataConfig, clip_len: int, split: str = "train"
     from core.data.video import VideoClipDataset
 
     folder = ensure_data(data, split)
-    ds = VideoClipDataset(folder, clip_len=clip_len, step=step or data.window_step, size=(data.size, data.size),
+    ds = VideoClipDataset(folder, clip_len=clip_len, step=step or data.window_step, size=data.frame_hw,
                           cache="all")
     if len(ds) == 0:
         raise DataError(folder, f"no clip of {clip_len} frames in the {split} videos")
@@ -137,7 +137,7 @@ def train(cfg) -> dict[str, Any]:
     run_config = to_container(cfg)
     model = FlexForcingModel(model_cfg)  # reads model.base_path / model.vae_path (only read) when set
     model_cfg = model.config
-    if model_cfg.frame_hw != (data.size, data.size):
+    if model_cfg.frame_hw != data.frame_hw:
         raise DataError(data.root, f"data.size={data.size} differs from model.frame_size={list(model_cfg.frame_hw)}")
     clips = build_dataset(data, model_cfg.video_frames)
     user_vae = model_cfg.vae_path is not None or (model_cfg.base_path is not None and
@@ -231,6 +231,39 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
     return result
 
 
+@torch.no_grad()
+def reference_scores(model, video: torch.Tensor, context: int, batch_size: int = 24) -> dict[str, Any]:
+    """What the arms are measured against, on the frames ``evaluate_regime`` scores: PSNR of *repeating the last
+    given frame* (a static predictor) and of the *VAE's reconstruction of the truth* (the ceiling of anything
+    decoded from this latent space), in the first window and in the drift windows."""
+    from core.metrics.image import psnr
+
+    r = model.config.temporal_factor
+    video = video[:, :1 + (video.shape[1] - 1) // r * r]
+    length = video.shape[1]
+    given = 1 + (context - 1) * r
+    t_len = model.config.video_frames
+    win = t_len - given
+    rec = torch.cat([model.decode(model.encode(video[s:s + batch_size].to(model.latent_mean.device))).cpu()
+                     for s in range(0, len(video), batch_size)])[:, given:]
+    gt = video[:, given:]
+    still = video[:, given - 1:given].expand_as(gt)
+    as_f = lambda x: x.float().flatten(0, 1) / 255.0  # noqa: E731
+
+    def frames_psnr(pred, a, e):
+        return float(psnr(as_f(pred[:, a:e]), as_f(gt[:, a:e])).mean())
+
+    out = {"repeat_last_frame": {"psnr": frames_psnr(still, 0, win)},
+           "vae_reconstruction": {"psnr": frames_psnr(rec, 0, win)}}
+    m = 1
+    while m * t_len <= length:
+        e = m * t_len - given
+        out["repeat_last_frame"][f"psnr_{m}x"] = frames_psnr(still, e - win, e)
+        out["vae_reconstruction"][f"psnr_{m}x"] = frames_psnr(rec, e - win, e)
+        m *= 2
+    return out
+
+
 def evaluate(cfg) -> dict[str, Any]:
     """Every regime the checkpoint supports on the held-out clips (see the module docstring)."""
     from perception.video.modeling_flexforcing import FlexForcingModel
@@ -249,6 +282,8 @@ def evaluate(cfg) -> dict[str, Any]:
                            "k_projection": model.config.k_projection, "clips": n, "context": data.context,
                            "eval_frames": data.eval_frames, "train_frames": model.config.num_frames,
                            "seeds": list(data.seeds), "regimes": {}}
+    out["references"] = reference_scores(model, video, data.context, data.batch_size)
+    log.info("references: %s", out["references"])
     for regime in regimes:
         runs = []
         for seed in data.seeds:

@@ -230,23 +230,23 @@ def test_config_errors():
                       FeRALinear)
 
 
-def test_video_dit_of_flexforcing_is_adapted_by_name_pattern():
-    """Generality: the workspace's video DiT (5-D latents, fused qkv) takes the same library (a test may use
-    two methods; the library itself imports none)."""
-    from perception.video.modeling_flexforcing import VideoDiT
+def test_the_chunk_causal_wan_video_backbone_is_adapted_by_name_pattern():
+    """Generality: the workspace's video backbone (core.layers.wan.CausalWan around diffusers' Wan transformer:
+    5-D latents, its own attention processor) takes the same library."""
+    from core.layers.wan import CausalWan, wan_transformer_config
 
     torch.manual_seed(0)
-    dit = VideoDiT(in_channels=4, patch=2, dim=32, depth=2, num_heads=2).eval()
+    dit = CausalWan.from_config(wan_transformer_config(num_heads=2, head_dim=16, num_layers=2, ffn_dim=64,
+                                                       in_channels=4, text_dim=16)).eval()
     x, t, frames = torch.randn(2, 4, 4, 8, 8), torch.rand(2, 4), torch.arange(4)
     with torch.no_grad():
-        for p in dit.parameters():  # past adaLN-Zero's zero gates (a trained model's state)
-            p.add_(torch.randn_like(p) * 0.05)
-        ref = dit(x, t, frames)
-        apply_fera(dit, FeRAConfig(target_modules=["qkv", "proj"], num_bands=3, kappa=1.0))
-        assert torch.equal(dit(x, t, frames), ref)
+        ref = dit(x, t, frames, torch.tensor([0, 0, 1, 1]))
+        apply_fera(dit, FeRAConfig(target_modules=["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0"],
+                                   num_bands=3, kappa=1.0))
+        assert torch.equal(dit(x, t, frames, torch.tensor([0, 0, 1, 1])), ref)
         randomise(dit)
-        assert not torch.equal(dit(x, t, frames), ref)
-    assert router_of(dit).calls == 2 and len(dict(fera_layers(dit))) == 4
+        assert not torch.equal(dit(x, t, frames, torch.tensor([0, 0, 1, 1])), ref)
+    assert router_of(dit).calls == 2 and len(dict(fera_layers(dit))) == 8
 
 
 def test_gradient_checkpointing_recomputes_with_the_same_routing():

@@ -421,3 +421,56 @@ def test_infer_video_without_a_first_frame_uses_the_shipped_sample(tmp_path):
     assert infer(_infer_args(out=str(out), mode="autoregressive", frames=6, steps=2)) == 0
     n, _, hw = probe_video(out)
     assert n == 6 and hw == (32, 32)
+
+
+# -- a user's Wan folders ------------------------------------------------------------------------------------------
+def test_a_wan_pipeline_folder_loads_with_only_the_k_projection_missing_and_fine_tunes(tmp_path):
+    """FlexForcingModel(base_path=<a diffusers Wan pipeline folder>) takes its transformer key for key (only
+    ``kproj.*`` is new) and its VAE with Wan's latent statistics; a training step moves the weights; the export
+    rebuilds without the folder; the folder is byte-identical afterwards."""
+    from tests.perception.video.conftest import TINY_WAN, TINY_WAN_VAE, save_wan_pipeline
+    from tests.test_paper_commands import tree_digest
+
+    base = save_wan_pipeline(tmp_path / "Wan-tiny", TINY_WAN, dict(TINY_WAN_VAE, latents_mean=[0.1, -0.2, 0.3, 0.0],
+                                                                     latents_std=[1.5, 2.0, 0.5, 1.0]))
+    before = tree_digest(base)
+    model = FlexForcingModel(tiny_config(base_path=str(base)))
+    assert model.load_report["unexpected"] == []
+    assert model.load_report["missing"] and all(k.startswith("kproj.") for k in model.load_report["missing"])
+    assert model.latent_std.tolist() == [1.5, 2.0, 0.5, 1.0]  # the user's VAE states its normalisation
+    from diffusers import WanTransformer3DModel
+
+    ref = WanTransformer3DModel.from_pretrained(base / "transformer")
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in model.dit.transformer.state_dict().items())
+    model.train()
+    opt = torch.optim.SGD([p for p in model.dit.parameters() if p.requires_grad], lr=1e-2)
+    w0 = model.dit.transformer.blocks[0].attn1.to_q.weight.clone()
+    out = model.training_step({"video": torch.randint(0, 256, (2, 6, 3, 16, 16), dtype=torch.uint8)})
+    out["loss"].backward()
+    opt.step()
+    assert not torch.equal(model.dit.transformer.blocks[0].attn1.to_q.weight, w0)
+    model.save_pretrained(tmp_path / "out")
+    moved = tmp_path / "moved"
+    base.rename(moved)  # the export is self-contained: the user's folder is not needed to load it
+    again = FlexForcingModel.from_pretrained(tmp_path / "out")
+    assert torch.equal(again.dit.transformer.blocks[0].attn1.to_q.weight, model.dit.transformer.blocks[0].attn1.to_q.weight)
+    moved.rename(base)
+    assert tree_digest(base) == before
+
+
+def test_rectangular_frames_and_a_temporal_factor_of_two_run_every_regime():
+    """frame_size=[H, W] with H != W (Wan2.1's 480 x 832 in miniature) and a VAE that compresses time 2x: latent
+    frames are counted as the VAE makes them (1 + k for 1 + 2 k video frames) and every regime runs."""
+    from perception.video.sampling import continue_video
+
+    model = tiny(frame_size=[16, 32], vae_temporal_downsample=[True], vae_clip_frames=5)
+    assert model.config.latent_hw == (8, 16) and model.config.temporal_factor == 2
+    video = torch.randint(0, 256, (1, 5, 3, 16, 32), dtype=torch.uint8)
+    z = model.encode(video)
+    assert z.shape == (1, 3, 4, 8, 16)
+    assert model.decode(z).shape == (1, 5, 3, 16, 32)
+    for regime in ("bidirectional", "autoregressive", "flex"):
+        frames, gen = continue_video(model, video[:, :1], 15, regime, context=1,
+                                     generator=torch.Generator().manual_seed(0))
+        assert frames.shape == (1, 15, 3, 16, 32) and torch.equal(frames[:, 0], video[:, 0])
+        assert gen.latents.shape[1] == 8  # 1 + ceil(14 / 2)
