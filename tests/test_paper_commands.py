@@ -335,3 +335,37 @@ def test_lacwm_paper_commands_on_a_timm_vit_giant_file(outside, tmp_path):
     result = json.loads((run / "eval.json").read_text())
     assert set(result["rollout"]) >= {"model", "shuffled", "copy_last"} and "probe" in result
     assert tree_digest(weights.parent) == before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_flexforcing_paper_command_on_a_wan21_pipeline_folder(outside, tmp_path):
+    """`embodied train flexforcing experiment=flexforcing_paper model.base_path=<Wan2.1-T2V-1.3B pipeline folder>`
+    on a folder at Wan2.1's real structure (30 blocks, 12 heads, text width 4096; its VAE: 8x space, 4x time),
+    shrunk widths, written by diffusers' save_pretrained — rectangular frames, latent frames counted as Wan's VAE
+    makes them — for 2 steps, then the documented `embodied infer video` on the run; the folder stays
+    byte-identical and the checkpoint records the Wan configs it rebuilds from."""
+    from tests.perception.video.conftest import save_wan_pipeline
+
+    base = save_wan_pipeline(tmp_path / "Wan2.1-T2V-1.3B-Diffusers")
+    before = tree_digest(base)
+    yaml = REPO / "configs/experiment/flexforcing_paper.yaml"
+    argv = substitute(train_command(yaml), **{"model.base_path": str(base)})
+    shrink = ["model.frame_size=[16,32]", "data.size=[16,32]", "model.num_frames=3", "model.max_context=1",
+              "data.render_n=2", "data.render_frames=9", "data.test_n=1", "data.test_frames=9", "data.eval_frames=9",
+              "data.root=clips", "data.test_root=clips_test", *FAST]
+    run_cli([*argv[1:], *shrink], outside)
+    run = outside / "outputs/flexforcing_paper"
+    cfg = json.loads((run / "checkpoints" / "latest" / "config.json").read_text()
+                     if (run / "checkpoints" / "latest").is_dir() else (run / "config.json").read_text())
+    model = cfg["model"]
+    assert model["transformer_config"]["num_layers"] == 30 and model["transformer_config"]["text_dim"] == 4096
+    assert model["vae_config"]["temperal_downsample"] == [False, True, True] and model["frame_size"] == [16, 32]
+    infer = [c for c in documented_commands(yaml) if c[:3] == ["embodied", "infer", "video"]][0]
+    infer = [a if a != "81" else "9" for a in infer]
+    run_cli(infer[1:], outside)
+    from core.data.video import read_frames
+
+    frames = read_frames(outside / "clip.mp4", 0, 9)
+    assert frames.shape[0] == 9 and frames.shape[1:3] == (16, 32)
+    assert tree_digest(base) == before

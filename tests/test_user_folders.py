@@ -169,19 +169,16 @@ def use_transnormal(tmp: Path, which: str) -> None:
     assert_untouched(folder, use)
 
 
-def use_flexforcing(tmp: Path) -> None:
-    from core.layers.vae import load_autoencoder_weights
-    from perception.video.configuration_flexforcing import FlexForcingConfig
-    from perception.video.modeling_flexforcing import FlexForcingModel
+def use_flexforcing(tmp: Path, option: str) -> None:
+    from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
+    from tests.perception.video.conftest import TINY_WAN, TINY_WAN_VAE, save_wan_pipeline
 
-    small = dict(frame_size=16, vae_channels=[8, 16], vae_norm_groups=4, dim=32, depth=1, num_heads=2, num_frames=4)
-    folder = tmp / "vae"
-    FlexForcingModel(FlexForcingConfig(**small)).vae.save_pretrained(folder)  # a diffusers AutoencoderKL folder
+    pipe = save_wan_pipeline(tmp / "Wan", TINY_WAN, TINY_WAN_VAE)  # diffusers Wan transformer/ + vae/ folders
+    folder = pipe if option == "base_path" else pipe / "vae"
 
     def use():
-        model = FlexForcingModel(FlexForcingConfig(**small, vae_path=str(folder)))
-        load_autoencoder_weights(model.vae, folder)
-        model.set_latent_stats(torch.rand(2, 4, 3, 16, 16))
+        model = FlexForcingModel(tiny_config(**{option: str(folder)}))
+        model.set_latent_stats(torch.rand(2, 3, 3, 16, 16))
         model.save_pretrained(tmp / "out")
         FlexForcingModel.from_pretrained(tmp / "out")
 
@@ -242,7 +239,9 @@ FIXTURES = {
     ("transnormal", "model.unet_path"): ("diffusers UNet2DConditionModel folder", lambda t: use_transnormal(t, "unet")),
     ("transnormal", "model.vae_path"): ("diffusers AutoencoderKL folder", lambda t: use_transnormal(t, "vae")),
     ("transnormal", "model.dino_path"): ("transformers DINOv3ViTModel folder", lambda t: use_transnormal(t, "dino")),
-    ("flexforcing", "model.vae_path"): ("diffusers AutoencoderKL folder", use_flexforcing),
+    ("flexforcing", "model.vae_path"): ("diffusers AutoencoderKLWan folder", lambda t: use_flexforcing(t, "vae_path")),
+    ("flexforcing", "model.base_path"): ("diffusers Wan pipeline folder (transformer/ + vae/)",
+                                         lambda t: use_flexforcing(t, "base_path")),
     ("lacwm", "model.encoder_path"): ("timm .safetensors file", lambda t: (use_lacwm(t, "latent"),
                                                                           use_lacwm(t / "e", "explicit"))),
     ("fera", "model.base_path"): ("diffusers UNet2DConditionModel folder", use_fera),

@@ -3,8 +3,8 @@
 
 The model continues given frames: ``--first-frame`` (any image, resized to the model's frame size; checked
 against the training domain by ``core.domain``, a warning when it is far) or, without it, the first frame of
-the shipped model's sample scene (a held-out simulator clip bundled in the checkpoint
-folder as ``sample_first_frame.png``). ``--frames`` counts the output frames, the first included; videos longer
+the checkpoint's sample scene (a held-out simulator clip bundled in the checkpoint folder as
+``sample_first_frame.png``; a run without one uses the shipped model's, resized). ``--frames`` counts the output frames, the first included; videos longer
 than the training length are generated in windows (see ``perception.video.sampling``). The mp4 is written
 atomically (temp file + rename): a failed run leaves no partial file. The checkpoint is the shipped one
 (``assets/checkpoints/flexforcing``) unless ``--checkpoint`` names another.
@@ -67,10 +67,11 @@ def infer(args) -> int:
                           f"{', '.join(supported_regimes(model))}")
     size = model.config.frame_hw
     if first_path is None:
-        sample = Path(model.loaded_from["path"]) / SAMPLE_FRAME
-        if not sample.is_file():
-            sample = ckpt / SAMPLE_FRAME
-        if not sample.is_file():
+        # the checkpoint's own sample scene, else the shipped model's (a held-out simulator frame, resized)
+        candidates = [Path(model.loaded_from["path"]) / SAMPLE_FRAME, ckpt / SAMPLE_FRAME,
+                      Path(DEFAULT_CHECKPOINT) / SAMPLE_FRAME]
+        sample = next((c for c in candidates if c.is_file()), None)
+        if sample is None:
             raise DataError(ckpt, f"has no {SAMPLE_FRAME}; pass --first-frame IMAGE")
         first_path = sample
     first = read_first_frame(first_path, size)
