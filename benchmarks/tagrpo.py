@@ -76,7 +76,7 @@ def runner(arm: str, images: int, device: str, out: Path):
             "tagrpo": AlgoConfig(name=arm),
             "tagrpo_reuse": AlgoConfig(name=arm, fresh_per_group=G // 2)}[arm]
     policy = I2VPolicy(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).to(device)
-    pool = scripted(images, policy.frames, policy.backbone.config.frame_size)
+    pool = scripted(images, policy.video_frames, policy.frame_hw[0])
     tcfg = TrainerConfig(seed=0, device=device, tensorboard=False, grad_clip=1.0)
     tcfg.optim.lr = 1e-5
     return GRPORunner(policy, algo, tcfg, CompositeReward({"psnr": 1.0}), pool, pool, out / arm,
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     dev_name = f"{device} ({torch.cuda.get_device_name()})" if device.startswith("cuda") else device
     config = {"images_per_iteration": images, "group_size": G, "repeats": repeats, "sample_steps": pol.steps,
-              "frames": pol.frames, "frame_size": pol.backbone.config.frame_size, "eta": 0.3, "dtype": "float32"}
+              "frames": pol.video_frames, "frame_size": pol.frame_hw[0], "eta": 0.3, "dtype": "float32"}
     write_result(args.out.stem, dev_name, args.quick, ratios, figures, config, results_dir=args.out.parent,
                  goals={"rollout_vs_ode_time": "<= 1.15", "update_tagrpo_vs_dancegrpo_time": "<= 1.1"})
 

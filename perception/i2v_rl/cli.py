@@ -18,12 +18,29 @@ from core.outputs import output_file
 FPS = 15
 
 
+def read_frame(path: str | Path, hw: tuple[int, int]):
+    """An image file -> (H, W, 3) uint8 RGB: centre-cropped to the aspect of ``hw``, then area-resized (square
+    frames: ``core.data.imread.read_square``). Errors are one-line ``DataError`` naming the file."""
+    import cv2
+    import numpy as np
+
+    from core.data.imread import read_image, read_square
+
+    h, w = hw
+    if h == w:
+        return read_square(path, h)
+    img = read_image(Path(path))
+    ih, iw = img.shape[:2]
+    ch, cw = (ih, round(ih * w / h)) if iw * h >= ih * w else (round(iw * h / w), iw)
+    img = img[(ih - ch) // 2:(ih - ch) // 2 + ch, (iw - cw) // 2:(iw - cw) // 2 + cw]
+    return np.ascontiguousarray(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA))
+
+
 def infer(args) -> int:
     """Generate one video from ``args.image`` into ``args.out`` (see the module docstring)."""
     import numpy as np
     import torch
 
-    from core.data.imread import read_square
     from core.data.video import VIDEO_EXTS, write_mp4
     from core.domain import warn_if_out_of_domain
     from core.resources import asset
@@ -42,8 +59,8 @@ def infer(args) -> int:
     if not policy_dir.is_dir():
         raise DataError(policy_dir, "no such policy folder (--checkpoint: a run or its <out_dir>/policy)")
     policy = I2VPolicy.from_pretrained(policy_folder(policy_dir)).eval()
-    size = policy.backbone.config.frame_size
-    first = read_square(image, size)  # before any output exists: a bad image leaves nothing behind
+    hw = policy.frame_hw
+    first = read_frame(image, hw)  # before any output exists: a bad image leaves nothing behind
     warn_if_out_of_domain(policy.loaded_from["path"], [first], [str(image)])
     img = torch.from_numpy(np.ascontiguousarray(first.transpose(2, 0, 1)))[None]
     z = policy.encode_first(img)
@@ -53,7 +70,7 @@ def infer(args) -> int:
     video = policy.decode_video(img, lat)[0].permute(0, 2, 3, 1).numpy()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_mp4(out, video, fps=FPS)
-    print(f"{'sde' if args.sde else 'ode'}: {len(video)} frames ({size} px) from {image} -> {out}")
+    print(f"{'sde' if args.sde else 'ode'}: {len(video)} frames ({hw[0]} x {hw[1]} px) from {image} -> {out}")
     return 0
 
 
@@ -77,6 +94,6 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
 
     checkpoint = Path(checkpoint or asset("checkpoints", "tagrpo"))
     folder = policy_folder(checkpoint)
-    size = I2VPolicy.from_pretrained(folder).backbone.config.frame_size
+    size = I2VPolicy.from_pretrained(folder).frame_hw[0]
 
     return calibrate_clip_domain(folder, size, work, n_train, n_cal, n_heldout)

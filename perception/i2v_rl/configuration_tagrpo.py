@@ -15,12 +15,14 @@ Three groups of the config tree:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.config import choice, schema
 from core.errors import ConfigError
 
 LOSSES = ("contrastive", "grpo")
 NOISES = ("same", "independent")
+STEP_WEIGHTINGS = ("none", "balanced")
 
 
 @schema("algo", "algo_schema")
@@ -43,6 +45,10 @@ class AlgoConfig:
     - ``eta``: noise scale of the SDE sampler (``core.diffusion.sde_step``).
     - ``updates_per_iteration``: the trained sampling steps are split into this many chunks, one optimizer
       step each (the ratio is exactly 1 in the first chunk); ``timestep_fraction`` of the steps are trained.
+    - ``step_weighting``: ``none`` (every trained sampling step's loss counts once) or ``balanced`` (step ``i``'s
+      loss is scaled by ``w_i`` proportional to ``1 / c_i`` and averaging 1, with ``c_i`` the size of its
+      policy-gradient coefficient on the velocity, ``grpo.step_coefficients``: on a shifted grid ``c_i`` shrinks towards the noise end and grows
+      towards the data end, and balancing gives every step the same expected gradient scale).
     """
 
     name: str = "tagrpo"
@@ -58,9 +64,11 @@ class AlgoConfig:
     eta: float = 0.3
     updates_per_iteration: int = 2
     timestep_fraction: float = 1.0
+    step_weighting: str = "none"
 
     def __post_init__(self) -> None:
         choice("algo.loss", self.loss, LOSSES)
+        choice("algo.step_weighting", self.step_weighting, STEP_WEIGHTINGS)
         choice("algo.noise", self.noise, NOISES)
         if self.group_size < 2:
             raise ConfigError(f"algo.group_size must be >= 2 (advantages are normalised in the group), got "
@@ -89,9 +97,19 @@ class AlgoConfig:
 class TAGRPOModelConfig:
     """The image-to-video policy.
 
-    ``base_path``: the pretrained video model (a Flex-Forcing checkpoint folder: per-frame VAE + latent video DiT
-    trained with clean-context prefixes, so it continues a given first frame); its DiT is post-trained, the VAE
-    stays frozen. ``frames``: video length, the conditioning frame included (default the base's training length).
+    ``base_path``: the pretrained video model whose DiT is post-trained (the VAE stays frozen):
+
+    - a Flex-Forcing checkpoint folder (causal Wan VAE + chunk-causal Wan transformer trained with clean-context
+      prefixes, so it continues a given first frame), or another TAGRPO policy folder;
+    - or a user's Wan diffusers folder: a pipeline folder (``model_index.json`` naming a Wan pipeline,
+      ``transformer/`` and ``vae/``) or a ``WanTransformer3DModel`` folder. The Flex-Forcing model class is then
+      built around it through the registry with ``frame_size`` (None: the data's frame size) and
+      ``k_projection`` (False: the first frame sits inline, with full attention, as in Wan2.2-TI2V; True: it is its
+      own earlier chunk and the zero-initialised K-projection is added). ``vae_path``: a Wan VAE folder for a
+      transformer-only folder (a pipeline folder's ``vae/`` is used otherwise). The folders are only read.
+
+    ``frames``: *latent* frames of a rollout, the conditioning frame's latent included (default the base's training
+    window); the video has ``1 + (frames - 1) r`` frames for the VAE's temporal factor ``r``.
     ``sample_steps`` / ``sample_shift``: the sampling grid of rollouts (SDE) and evaluation (ODE).
     """
 
@@ -99,6 +117,9 @@ class TAGRPOModelConfig:
     frames: int | None = None
     sample_steps: int = 8
     sample_shift: float = 1.0
+    frame_size: Any = None
+    k_projection: bool = False
+    vae_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.frames is not None and self.frames < 2:

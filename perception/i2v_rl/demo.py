@@ -27,7 +27,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     card = read_card(POLICY)
     tuned = I2VPolicy.from_pretrained(POLICY)
     base = I2VPolicy(tuned.config).eval()  # the same policy around its base (the shipped Flex-Forcing model)
-    size, frames = tuned.backbone.config.frame_size, tuned.frames
+    size, frames = tuned.frame_hw[0], tuned.video_frames
     root = ctx.path("tagrpo", "clips")
     make_dataset(root, n=6, seed=ctx.seed + 7171, size=size, spp=4, test_fraction=0.0, frames=frames)
     ds = VideoClipDataset(root / "train" / "video", clip_len=frames, step=10**9, cache="all")

@@ -1,10 +1,14 @@
 """The TAGRPO comparison, rerunnable: every arm x seed through the public CLI, then the table and the plot.
 
     python -m perception.i2v_rl.experiments --out outputs/tagrpo_exp --seeds 0 1 2 --iterations 60 \
-        --arms tagrpo dancegrpo tagrpo_indep dancegrpo_same [tagrpo_reuse] [--workers 2] [--extra k=v ...]
+        --arms tagrpo dancegrpo tagrpo_indep dancegrpo_same [tagrpo_reuse] [--workers 2] \
+        [--base FOLDER] [--rewards trajectory=1 psnr=0.01] [--extra k=v ...]
+    python -m perception.i2v_rl.experiments --pilot [--base FOLDER] [--rewards ...]   # the reward / noise pilot
 
 The arms are TAGRPO's registered arms (``perception/i2v_rl/register.py``). Every arm post-trains the same base
-(the shipped Flex-Forcing model) on the same conditioning images with the same reward, learning rate,
+(``--base``: the shipped Flex-Forcing model by default, or any ``model.base_path``, a Wan diffusers folder
+included) on the same conditioning images with the same reward (``--rewards name=weight ...``, default the motion
+reward ``MOTION_REWARD``; ``data.rewards`` of the runs), learning rate,
 iterations and evaluation (the ``core.experiments`` grid: ``embodied train tagrpo <arm> trainer.seed=<s>``);
 the seed changes the image order, the noises and the SDE draws. Runs go ``--workers`` at a time (one thread
 each) and a run whose ``curve.json`` reaches ``--iterations`` is not retrained; each run is then scored by
@@ -24,6 +28,10 @@ from core import experiments as ex
 from core.io import read_json, write_json
 
 ARMS = ("tagrpo", "dancegrpo", "tagrpo_indep", "dancegrpo_same")  # the default of --arms (tagrpo_reuse: opt in)
+# The reward that pays for motion: the simulator's trajectory reward (centroid tracking, in frame diagonals) plus a
+# small PSNR term that keeps the appearance from drifting. In the pilot (``--pilot``, README) a PSNR weight of 0.01
+# gave the group as much spread as the trajectory term; at 0.005 it is half of it, so the motion ranks the rollouts.
+MOTION_REWARD = {"trajectory": 1.0, "psnr": 0.005}
 
 
 def _trained(iterations: int):
@@ -121,20 +129,103 @@ def updates_per_iteration(extra: list[str]) -> int:
     return int(given[-1]) if given else AlgoConfig().updates_per_iteration
 
 
+def reward_overrides(rewards: dict[str, float]) -> list[str]:
+    """``data.rewards`` of every run as Hydra overrides (the group replaced, not merged with the default)."""
+    body = ",".join(f"{k}:{v}" for k, v in rewards.items())
+    return [f"data.rewards={{{body}}}"]
+
+
+def parse_rewards(items: list[str] | None) -> dict[str, float]:
+    """``["trajectory=1", "psnr=0.01"]`` -> ``{"trajectory": 1.0, "psnr": 0.01}`` (None: ``MOTION_REWARD``)."""
+    from core.errors import ConfigError
+
+    if not items:
+        return dict(MOTION_REWARD)
+    out = {}
+    for it in items:
+        name, sep, w = it.partition("=")
+        try:
+            out[name] = float(w) if sep else 1.0
+        except ValueError:
+            raise ConfigError(f"--rewards {it!r}: expected name=weight") from None
+    return out
+
+
+def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: int = 8, group: int = 8,
+          steps: int | None = None, seed: int = 0, data_overrides: list[str] | None = None) -> dict[str, Any]:
+    """Within-group reward spread of the base model: same initial noise vs independent noise, per SDE ``eta``.
+
+    For ``images`` training conditioning images (the experiment's data), ``group`` SDE rollouts each from one
+    shared or from independent initial noises; the reward's std within a group (population), averaged over
+    images, and of each reward term. Same-noise groups only help when the start carries a real share of the
+    spread, and the reward must vary at all inside a group for any GRPO advantage to exist.
+    """
+    import torch
+
+    from core.config import compose, to_object
+    from perception.i2v_rl.rewards import CompositeReward, RewardInputs
+    from perception.i2v_rl.task import build_policy, conditioning_set
+
+    over = ["experiment=tagrpo", *(data_overrides or [])] + ([f"model.base_path={base}"] if base else [])
+    if steps:
+        over.append(f"model.sample_steps={steps}")
+    cfg = compose(over)
+    model_cfg, data = to_object(cfg.model), to_object(cfg.data)
+    policy = build_policy(model_cfg, data, "cpu").eval()
+    pool = conditioning_set(data, policy.video_frames, "train")
+    reward = CompositeReward(rewards)
+    n = min(images, len(pool))
+    out: dict[str, Any] = {"base": str(model_cfg.base_path), "rewards": rewards, "images": n, "group": group,
+                           "steps": policy.steps, "shift": policy.shift, "rows": []}
+    for eta in etas:
+        for noise in ("same", "independent"):
+            g = torch.Generator().manual_seed(seed)
+            stds, terms = [], {}
+            for i in range(n):
+                imgs = pool.images[i:i + 1].expand(group, -1, -1, -1).contiguous()
+                first = policy.encode_first(imgs)
+                x0 = (policy.initial_noise(1, g).expand(group, -1, -1, -1, -1) if noise == "same"
+                      else policy.initial_noise(group, g)).contiguous()
+                traj = policy.rollout(first, x0, eta, g)
+                video = policy.decode_video(imgs, traj.final, first)
+                total, parts = reward(RewardInputs(video, pool.reference[i:i + 1].expand_as(video).contiguous()))
+                stds.append(float(total.std(unbiased=False)))
+                for k, v in parts.items():
+                    terms.setdefault(k, []).append((float(v.std(unbiased=False)), float(v.mean())))
+            row = {"eta": eta, "noise": noise, "reward_std": statistics.fmean(stds),
+                   **{f"{k}_std": statistics.fmean(a for a, _ in v) for k, v in terms.items()},
+                   **{f"{k}_mean": statistics.fmean(b for _, b in v) for k, v in terms.items()}}
+            out["rows"].append(row)
+            print(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ex.grid_arguments(p, out="outputs/tagrpo_exp", default_arms=ARMS, seeds=(0, 1, 2))
     p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--base", default=None, help="model.base_path of every run (default: the shipped Flex-Forcing "
+                                                "model); a Flex-Forcing / TAGRPO folder or a Wan diffusers folder")
+    p.add_argument("--rewards", nargs="*", default=None, metavar="NAME=W",
+                   help=f"data.rewards of every run (default the motion reward {MOTION_REWARD})")
+    p.add_argument("--pilot", action="store_true", help="only the pilot: within-group reward spread of the base, "
+                                                        "same vs independent noise (-> <out>/pilot.json)")
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for every run (k=v)")
     p.add_argument("--ship", action="store_true",
                    help="copy tagrpo seed-0's policy to assets/checkpoints/tagrpo and the table + curves to "
                         "assets/samples/tagrpo/comparison.json (what the demo shows)")
     a = p.parse_args(argv)
+    rewards = parse_rewards(a.rewards)
+    common = reward_overrides(rewards) + ([f"model.base_path={a.base}"] if a.base else [])
+    if a.pilot:
+        data_over = [o for o in a.extra if o.startswith("data.")]
+        write_json(a.out / "pilot.json", pilot(a.base, rewards, data_overrides=data_over))
+        return 0
     failures = []
     if not a.collect_only:
         steps = a.iterations * updates_per_iteration(a.extra)  # trainer.max_steps counts optimizer steps
         grid = ex.Grid("tagrpo", a.out, ex.pick_arms(ex.method_arms("tagrpo"), a.arms), a.seeds,
-                       [f"trainer.max_steps={steps}", "trainer.tensorboard=false", *a.extra],
+                       [f"trainer.max_steps={steps}", "trainer.tensorboard=false", *common, *a.extra],
                        trained=_trained(a.iterations))
         failures = grid.run(a.workers)
     rows = summarise(a.out)
@@ -142,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, a.out / "curve.png")
     print(table(rows))
     if a.ship:
-        ship(a.out, rows, a.seeds[0], a.iterations, a.extra)
+        ship(a.out, rows, a.seeds[0], a.iterations, [*common, *a.extra])
     return ex.report(failures)
 
 
@@ -156,8 +247,8 @@ def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extr
     command = (f"python -m perception.i2v_rl.experiments --seeds {' '.join(str(r) for r in range(rows[0]['seeds']))} "
                f"--iterations {iterations} --arms {' '.join(r['arm'] for r in rows)}"
                + (f" --extra {' '.join(extra)}" if extra else ""))
-    note = ("Held-out reward: PSNR (dB) of ODE samples against the simulator's continuation of 24 unseen first "
-            "frames, fixed noise; base = the shipped Flex-Forcing model. Same images, reward, lr, iterations for "
+    note = ("Held-out reward (data.rewards of the runs; default trajectory + 0.005 PSNR) of ODE samples against the "
+            "simulator's continuation of 24 unseen first frames, fixed noise; base = model.base_path. Same images, reward, lr, iterations for "
             "every arm; tagrpo_reuse samples half of each group anew and reuses the bank for the rest.")
     write_json(asset("samples", "tagrpo") / "comparison.json", {"command": command, "note": note, "rows": rows})
     plot(rows, asset("samples", "tagrpo") / "curve.png")

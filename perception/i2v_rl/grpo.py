@@ -26,6 +26,7 @@ weights), so every ratio is exactly 1 there (tested).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["BankEntry", "MemoryBank", "contrastive_loss", "group_advantages", "grpo_loss", "pairwise_log_ratio"]
+__all__ = ["BankEntry", "MemoryBank", "StepCoefficient", "contrastive_loss", "group_advantages", "grpo_loss",
+           "pairwise_log_ratio", "step_coefficients", "step_weights"]
 
 
 def group_advantages(rewards: Tensor, eps: float = 1e-6, clip: float | None = None) -> Tensor:
@@ -102,6 +104,69 @@ def contrastive_loss(mean_new: Tensor, mean_old: Tensor, targets: Tensor, std: T
     loss = -(s_own + weight * cross).mean()
     return loss, {"ratio": ratio_own.detach(), "clipped": ((ratio_own - 1).abs() > clip).float().mean().detach(),
                   "cross_ratio": ratio_all[others].detach()}
+
+
+# ------------------------------------------------------------------------------------------------ step coefficients
+@dataclass
+class StepCoefficient:
+    """The policy-gradient figures of one sampling step ``t -> t_next`` of the SDE sampler.
+
+    Attributes:
+        t / t_next: The step's grid points.
+        sigma_t: The SDE's noise level ``eta sqrt(t_s / (1 - t_s))`` at ``core.diffusion.sde_step``'s clamped
+            ``t_s = min(t, 1 + dt)``.
+        std: The transition's std ``sigma_i = sigma_t sqrt(-dt)``.
+        dmean_dv: ``d mu / d v = dt (1 + sigma_t^2 (1 - t) / (2 t))``: how a change of the velocity moves the mean.
+        coefficient: ``dmean_dv / sigma_i^2``, what multiplies ``(y - mu)`` in the per-element log-ratio's gradient
+            with respect to ``v`` (before the ``1 / D`` of the per-element mean).
+        scale: ``|dmean_dv| / sigma_i``, that gradient's typical size per element: under the sampling policy
+            ``y - mu = sigma_i z`` with ``z ~ N(0, 1)``; it is also how fast the step's ratio leaves 1 when the
+            velocity changes, so the steps of largest ``scale`` reach the clip range first.
+    """
+
+    t: float
+    t_next: float
+    sigma_t: float
+    std: float
+    dmean_dv: float
+    coefficient: float
+    scale: float
+
+
+def step_coefficients(steps: int, shift: float, eta: float) -> list[StepCoefficient]:
+    """Per sampling step of the grid ``core.diffusion.timestep_grid(steps, shift)``, the SDE std and the
+    policy-gradient coefficient on the velocity (``StepCoefficient``), read off ``core.diffusion.sde_step`` itself
+    (its mean differentiated by autograd, its std as returned), so any clamping there is accounted for.
+    """
+    from core.diffusion import sde_step, timestep_grid
+
+    if eta <= 0:
+        raise ValueError(f"eta must be > 0 (no noise, no log-probability), got {eta}")
+    grid = timestep_grid(steps, shift, dtype=torch.float64)
+    out = []
+    for i in range(steps):
+        t, tn = grid[i], grid[i + 1]
+        x = torch.zeros(1, dtype=torch.float64)
+        v = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        st = sde_step(x, v, t, tn, eta=eta, prev_sample=x)
+        (d,) = torch.autograd.grad(st.mean.sum(), v)
+        std, d = float(st.std.reshape(-1)[0]), float(d[0])
+        out.append(StepCoefficient(float(t), float(tn), std / math.sqrt(float(t - tn)), std, d, d / std**2,
+                                   abs(d) / std))
+    return out
+
+
+def step_weights(steps: int, shift: float, eta: float, mode: str = "balanced") -> Tensor:
+    """(steps,) loss weights of the sampling steps: ones for ``none``; for ``balanced`` proportional to ``1 / c_i``
+    with ``c_i`` the step's ``scale`` (``step_coefficients``), so that ``w_i c_i`` is the same for every step and the
+    weights average to 1 (the lr keeps its meaning)."""
+    if mode == "none":
+        return torch.ones(steps, dtype=torch.float64)
+    if mode != "balanced":
+        raise ValueError(f"step weighting must be 'none' or 'balanced', got {mode!r}")
+    c = torch.tensor([s.scale for s in step_coefficients(steps, shift, eta)], dtype=torch.float64)
+    w = 1.0 / c
+    return w / w.mean()
 
 
 # ------------------------------------------------------------------------------------------------ memory bank

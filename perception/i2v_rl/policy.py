@@ -1,15 +1,21 @@
 """The image-to-video policy: a pretrained latent video DiT that continues a clean first frame, with an SDE sampler
 that records every step's Gaussian transition (for GRPO) and a deterministic ODE sampler (for evaluation).
 
-Backbone: a Flex-Forcing checkpoint (``perception/video``), loaded through the model registry
-(``core.pretrained.load_pretrained``) — TAGRPO is the one method that post-trains another method's model, and it
+Backbone: a Flex-Forcing checkpoint (``perception/video``: diffusers' causal ``AutoencoderKLWan`` + a
+``WanTransformer3DModel`` run chunk-causally by ``core.layers.wan.CausalWan``), loaded through the model registry
+(``core.pretrained.load_pretrained``), or a user's Wan diffusers folder around which the registry's Flex-Forcing
+class is built (``build_backbone``). TAGRPO is the one method that post-trains another method's model, and it
 does so through the registry and the model's public interface (``dit``, ``encode``, ``decode``, ``config``)
 rather than by importing the other method's code. The policy is itself a ``core.pretrained.PreTrainedModel``
 (method ``tagrpo``) that references its backbone folder (``base_path``) and stores only the post-trained DiT.
 
-The conditioning frame enters as one clean latent frame (``t = 0``) that is its own, earlier chunk; the ``N`` new
-frames are the next chunk (one chunk: they are denoised together, bidirectionally), exactly the layout the
-backbone was trained on with its clean-context prefixes.
+Layout (Wan2.2-TI2V's): the conditioning image is encoded alone (the causal VAE's first latent frame) and enters
+the sequence as one clean latent frame at ``t = 0``; the ``N`` new *latent* frames follow, all at the step's level
+``t``. With a base trained on chunked layouts (``chunking`` random / singletons) the first frame is its own,
+earlier chunk and the new frames the next one (denoised together, bidirectionally), the layout of its clean-context
+prefixes; with ``chunking=one`` it sits inline under full attention. The video is the first latent and the new
+ones decoded as one (causal) clip, ``1 + N r`` frames for the VAE's temporal factor ``r``, with the given image put
+back as frame 0 exactly.
 
 Rollouts (``rollout``) run ``core.diffusion.sde_step`` along the grid ``1 = t_0 > t_1 > ... > t_S = 0``; a
 ``Trajectory`` keeps every intermediate latent ``x_i`` (``x_0`` is the initial noise), the transition means
@@ -35,7 +41,65 @@ from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
 if TYPE_CHECKING:
     from core.testing import ModelExample
 
-__all__ = ["I2VPolicy", "Trajectory", "gaussian_logprob"]
+__all__ = ["I2VPolicy", "Trajectory", "build_backbone", "gaussian_logprob", "is_wan_folder"]
+
+
+def is_wan_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a user's Wan diffusers folder rather than a workspace checkpoint: a pipeline folder
+    (``model_index.json`` naming a Wan pipeline, or a ``transformer/`` holding a ``WanTransformer3DModel``) or a
+    ``WanTransformer3DModel`` folder. A folder whose ``config.json`` names a workspace method is not."""
+    import json
+
+    p = Path(path)
+
+    def class_name(f: Path) -> str | None:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("method"):
+            return None
+        return data.get("_class_name")
+
+    if (p / "model_index.json").is_file() and str(class_name(p / "model_index.json") or "").startswith("Wan"):
+        return True
+    return any((f.is_file() and class_name(f) == "WanTransformer3DModel")
+               for f in (p / "config.json", p / "transformer" / "config.json"))
+
+
+def build_backbone(config: TAGRPOModelConfig) -> nn.Module:
+    """The video model ``config.base_path`` names, only read.
+
+    A workspace folder (Flex-Forcing checkpoint, or a TAGRPO policy whose post-trained backbone is then the base)
+    loads through ``core.pretrained.load_pretrained``. A user's Wan folder (``is_wan_folder``) becomes the
+    registry's Flex-Forcing model (``MODELS.get("flexforcing")``) built from it, with ``config.frame_size``,
+    ``config.k_projection`` and ``config.frames`` latent frames; without the K-projection the first frame sits
+    inline (``chunking=one``, Wan2.2-TI2V), with it in its own chunk (``chunking=random``).
+    """
+    from core.registry import MODELS, load_plugins
+
+    if is_wan_folder(config.base_path):
+        load_plugins()
+        cls = MODELS.get("flexforcing")
+        kw: dict[str, Any] = {"base_path": str(Path(config.base_path).resolve()), "k_projection": config.k_projection,
+                              "chunking": "random" if config.k_projection else "one",
+                              "noise": "per_chunk" if config.k_projection else "per_clip",
+                              "sample_steps": config.sample_steps, "sample_shift": config.sample_shift}
+        if config.frame_size is not None:
+            kw["frame_size"] = config.frame_size
+        if config.vae_path is not None:
+            kw["vae_path"] = str(Path(config.vae_path).resolve())
+        if config.frames is not None:
+            kw["num_frames"] = config.frames
+            kw["max_context"] = min(2, config.frames - 1)
+        return cls(cls.config_class(**kw))
+    if config.vae_path is not None:
+        raise ConfigError(f"model.vae_path={config.vae_path}: only a Wan transformer folder as model.base_path takes "
+                          f"a VAE folder; {config.base_path} is a workspace checkpoint with its own VAE")
+    backbone = load_pretrained(config.base_path)
+    if isinstance(backbone, I2VPolicy):  # continue post-training a policy: its backbone is the base
+        backbone = backbone.backbone
+    return backbone
 
 
 def gaussian_logprob(sample: Tensor, mean: Tensor, std: Tensor | float) -> Tensor:
@@ -74,36 +138,38 @@ class I2VPolicy(PreTrainedModel):
     """Image-to-video flow policy around a pretrained video model (see the module docstring).
 
     TAGRPO's trained artefact: a ``PreTrainedModel`` of method ``tagrpo`` whose config (``TAGRPOModelConfig``)
-    names the backbone folder in ``base_path`` (``base_fields``). The backbone is loaded read-only through the
-    registry (``core.pretrained.load_pretrained``): a Flex-Forcing folder, or another TAGRPO policy folder (whose
-    post-trained backbone is then post-trained further). Post-training changes the whole DiT, so the policy's
+    names the backbone folder in ``base_path`` (``base_fields``). The backbone is built read-only by
+    ``build_backbone``: a Flex-Forcing folder, another TAGRPO policy folder (whose post-trained backbone is then
+    post-trained further) or a user's Wan diffusers folder. Post-training changes the whole DiT, so the policy's
     folder stores the DiT's weights (``trained_state_dict``); the frozen VAE and the latent statistics come from
-    the base. Loading requires exactly those tensors.
+    the base (rebuilt from it when loading). Loading requires exactly those tensors.
 
     Args:
-        config: ``base_path`` (the backbone), ``frames`` (video length with the conditioning frame; default the
+        config: ``base_path`` (the backbone), ``frames`` (latent frames with the conditioning frame's; default the
             backbone's ``num_frames``), ``sample_steps`` / ``sample_shift`` (the grid of
-            ``core.diffusion.timestep_grid``).
+            ``core.diffusion.timestep_grid``), ``frame_size`` / ``k_projection`` (for a Wan folder only).
     """
 
     config_class = TAGRPOModelConfig
     method = "tagrpo"
-    base_fields = ("base_path",)
+    base_fields = ("base_path", "vae_path")
 
     def __init__(self, config: TAGRPOModelConfig):
         super().__init__()
         self.config = config
-        backbone = load_pretrained(config.base_path)
-        if isinstance(backbone, I2VPolicy):  # continue post-training a policy: its backbone is the base
-            backbone = backbone.backbone
+        backbone = build_backbone(config)
         missing = [a for a in ("dit", "vae", "encode", "decode") if not hasattr(backbone, a)]
         if missing:
             raise CheckpointError(f"model.base_path={config.base_path}: a {type(backbone).__name__} has no "
-                                  f"{', '.join(missing)}; the base must be a video model (a Flex-Forcing checkpoint)")
+                                  f"{', '.join(missing)}; the base must be a video model (a Flex-Forcing checkpoint "
+                                  "or a Wan diffusers folder)")
         self.backbone = backbone
         self.frames = int(config.frames or backbone.config.num_frames)
         if self.frames < 2:
             raise ConfigError(f"model.frames must be >= 2, got {self.frames}")
+        self.temporal_factor = int(backbone.config.temporal_factor)
+        # the first frame's own chunk, unless the base only ever saw one chunk (full attention)
+        self.inline_first = getattr(backbone.config, "chunking", "random") == "one"
         self.steps, self.shift = config.sample_steps, config.sample_shift
         self.register_buffer("grid", timestep_grid(self.steps, self.shift), persistent=False)
         backbone.vae.requires_grad_(False)
@@ -149,12 +215,24 @@ class I2VPolicy(PreTrainedModel):
     # -- shapes -------------------------------------------------------------------------------------------
     @property
     def new_frames(self) -> int:
+        """N: the generated latent frames."""
         return self.frames - 1
+
+    @property
+    def video_frames(self) -> int:
+        """Frames of a decoded video, the given one included: ``1 + N r``."""
+        return 1 + self.new_frames * self.temporal_factor
+
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """(H, W) of the video frames."""
+        return tuple(self.backbone.config.frame_hw)
 
     def latent_shape(self) -> tuple[int, int, int, int]:
         """(N, C, h, w) of the generated latents."""
         c = self.backbone.config
-        return (self.new_frames, c.latent_channels, c.latent_size, c.latent_size)
+        h, w = c.latent_hw
+        return (self.new_frames, c.latent_channels, h, w)
 
     def trainable(self) -> nn.Module:
         """The post-trained part: the DiT."""
@@ -177,17 +255,22 @@ class I2VPolicy(PreTrainedModel):
     # -- conditioning and pixels ------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_first(self, images: Tensor) -> Tensor:
-        """(B, 3, H, W) uint8 conditioning images -> (B, 1, C, h, w) normalised latents."""
-        s = self.backbone.config.frame_size
-        if images.ndim != 4 or images.shape[1] != 3 or tuple(images.shape[-2:]) != (s, s):
-            raise ValueError(f"conditioning images must be (B, 3, {s}, {s}), got {tuple(images.shape)}")
+        """(B, 3, H, W) uint8 conditioning images -> (B, 1, C, h, w) normalised latents (the causal VAE's first
+        latent frame: the image encoded alone)."""
+        h, w = self.frame_hw
+        if images.ndim != 4 or images.shape[1] != 3 or tuple(images.shape[-2:]) != (h, w):
+            raise ValueError(f"conditioning images must be (B, 3, {h}, {w}), got {tuple(images.shape)}")
         return self.backbone.encode(images[:, None])
 
     @torch.no_grad()
-    def decode_video(self, images: Tensor, latents: Tensor) -> Tensor:
-        """The video (B, F, 3, H, W) uint8: the given first frame (exactly) followed by the decoded new frames."""
-        new = self.backbone.decode(latents)
-        return torch.cat([images[:, None].to(new.device), new], 1)
+    def decode_video(self, images: Tensor, latents: Tensor, first: Tensor | None = None) -> Tensor:
+        """The video (B, 1 + N r, 3, H, W) uint8: the first latent (``first``, else ``encode_first(images)``) and
+        the new ``latents`` (B, N, C, h, w) decoded as one clip, with the given image as frame 0 exactly."""
+        if first is None:
+            first = self.encode_first(images)
+        video = self.backbone.decode(torch.cat([first.to(latents), latents], 1))
+        video[:, 0] = images.to(video.device)
+        return video
 
     def initial_noise(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """(n, N, C, h, w) standard-normal initial latents (drawn on the CPU generator: device independent)."""
@@ -202,8 +285,10 @@ class I2VPolicy(PreTrainedModel):
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         tt = torch.cat([torch.zeros(b, 1, device=x.device, dtype=x.dtype), t.reshape(-1, 1).expand(b, n)], 1)
         frames = torch.arange(n + 1, device=x.device)
-        chunks = torch.ones(n + 1, dtype=torch.long, device=x.device)
-        chunks[0] = 0
+        chunks = None
+        if not self.inline_first:
+            chunks = torch.ones(n + 1, dtype=torch.long, device=x.device)
+            chunks[0] = 0
         return self.backbone.dit(torch.cat([first.to(x.dtype), x], 1), tt, frames, chunks)[:, 1:]
 
     def transition(self, first: Tensor, x: Tensor, i: int, eta: float) -> tuple[Tensor, Tensor]:

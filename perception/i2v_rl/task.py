@@ -113,8 +113,9 @@ def heldout_reward(policy, reward, heldout: ConditioningSet, seed: int, batch: i
     totals, terms, diag = [], {}, {}
     for s in range(0, len(heldout), batch):
         imgs = heldout.images[s:s + batch].to(device)
-        lat = policy.sample(policy.encode_first(imgs), noise[s:s + batch])
-        video = policy.decode_video(imgs, lat).cpu()
+        first = policy.encode_first(imgs)
+        lat = policy.sample(first, noise[s:s + batch])
+        video = policy.decode_video(imgs, lat, first).cpu()
         total, parts = reward(RewardInputs(video, heldout.reference[s:s + batch]))
         totals.append(total.cpu())
         for k, v in parts.items():
@@ -190,7 +191,7 @@ class GRPOLearner(nn.Module):
 
     def __init__(self, policy, algo: AlgoConfig, reward, heldout: ConditioningSet, schedule: IterationSchedule,
                  out_dir: Path, eval_every: int, eval_seed: int):
-        from perception.i2v_rl.grpo import MemoryBank
+        from perception.i2v_rl.grpo import MemoryBank, step_weights
 
         super().__init__()
         self.backbone = policy.backbone  # the policy's modules: the same keys, sharded / moved with the learner
@@ -198,6 +199,8 @@ class GRPOLearner(nn.Module):
         self.algo, self.reward, self.heldout, self.schedule = algo, reward, heldout, schedule
         self.out_dir, self.eval_every, self.eval_seed = Path(out_dir), eval_every, eval_seed
         self.bank = MemoryBank(algo.bank_size)
+        # the loss weight of every sampling step (algo.step_weighting, grpo.step_weights)
+        self.step_weight = step_weights(policy.steps, policy.shift, algo.eta, algo.step_weighting).tolist()
         self.curve: list[dict[str, Any]] = []
         self.last_train_reward: float | None = None
         self._rollouts: dict[str, Any] | None = None
@@ -268,7 +271,7 @@ class GRPOLearner(nn.Module):
         policy.eval()
         traj = policy.rollout(first, noise, algo.eta, step_noise=step_noise.to(device))
         policy.train(was_training)
-        video = policy.decode_video(imgs, traj.final).cpu()
+        video = policy.decode_video(imgs, traj.final, first).cpu()
         ref = batch["reference"].cpu().repeat_interleave(fresh, 0)
         rewards = self.reward(RewardInputs(video, ref))[0].to(device, torch.float32)
 
@@ -325,6 +328,8 @@ class GRPOLearner(nn.Module):
             devs.append((st["ratio"] - 1).abs().max())
             clipped.append(st["clipped"])
         loss = total / len(batch["groups"])
+        if self.step_weight[i] != 1.0:
+            loss = loss * self.step_weight[i]
         out = {"loss": loss, "ratio_dev_first" if batch["chunk"] == 0 else "ratio_dev": torch.stack(devs).max(),
                "clipped": torch.stack(clipped).mean()}
         out = {**out, **{k: torch.tensor(float(v)) for k, v in batch["stats"].items()}}
@@ -499,15 +504,18 @@ def policy_folder(path: str | Path) -> Path:
 def build_policy(model_cfg: TAGRPOModelConfig, data: TAGRPODataConfig, device, weights: str | None = None):
     """The policy around ``model_cfg.base_path`` (the base model), or the post-trained one saved at ``weights``.
 
-    ``weights`` goes through ``policy_folder``; the policy's frames must be ``data.size`` px.
+    ``weights`` goes through ``policy_folder``; the policy's frames must be ``data.size`` px (square: the simulator
+    clips). A user's Wan folder without ``model.frame_size`` is built at ``data.size``.
     """
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.policy import I2VPolicy, is_wan_folder
 
+    if weights is None and model_cfg.frame_size is None and is_wan_folder(model_cfg.base_path):
+        model_cfg = dataclasses.replace(model_cfg, frame_size=data.size)
     source = model_cfg.base_path if weights is None else policy_folder(weights)
     policy = (I2VPolicy(model_cfg) if weights is None else I2VPolicy.from_pretrained(source)).to(device)
-    size = policy.backbone.config.frame_size
-    if size != data.size:
-        raise DataError(source, f"frames are {size} px, data.size is {data.size}")
+    hw = policy.frame_hw
+    if hw != (data.size, data.size):
+        raise DataError(source, f"frames are {hw[0]} x {hw[1]} px, data.size is {data.size}")
     return policy
 
 
@@ -523,8 +531,8 @@ def train(cfg) -> dict[str, Any]:
     device = resolve_device(tcfg.device)
     out_dir = Path(cfg.out_dir)
     policy = build_policy(model_cfg, data, device)
-    pool = conditioning_set(data, policy.frames, "train")
-    heldout = conditioning_set(data, policy.frames, "test")
+    pool = conditioning_set(data, policy.video_frames, "train")
+    heldout = conditioning_set(data, policy.video_frames, "test")
     run_config = to_container(cfg)
     save_resolved(run_config, out_dir)
     runner = GRPORunner(policy, algo, tcfg, CompositeReward(dict(data.rewards)), pool, heldout, out_dir,
@@ -583,14 +591,14 @@ def evaluate(cfg, eval_noises: int = 3) -> dict[str, Any]:
     reward = CompositeReward(dict(data.rewards))
     diagnostics = CompositeReward(dict.fromkeys(DIAGNOSTICS, 1.0))
     base = build_policy(model_cfg, data, device)
-    heldout = conditioning_set(data, base.frames, "test")
+    heldout = conditioning_set(data, base.video_frames, "test")
     out: dict[str, Any] = {"policy": tuned_path, "base": model_cfg.base_path, "rewards": dict(data.rewards),
                            "images": len(heldout), "noises": eval_noises}
     for name, weights in (("base", None), ("tuned", tuned_path)):
         policy = base if weights is None else build_policy(model_cfg, data, device, weights)
-        if policy.frames != base.frames:
-            raise ConfigError(f"{tuned_path}: the policy generates {policy.frames} frames, model.frames gives "
-                              f"{base.frames} (evaluate both on the same clips: set model.frames)")
+        if policy.video_frames != base.video_frames:
+            raise ConfigError(f"{tuned_path}: the policy generates {policy.video_frames} frames, the base "
+                              f"{base.video_frames} (evaluate both on the same clips: set model.frames)")
         runs = [heldout_reward(policy, reward, heldout, data.eval_seed + s, diagnostics=diagnostics)
                 for s in range(eval_noises)]
         vals = [r["reward"] for r in runs]

@@ -26,23 +26,34 @@ from perception.i2v_rl.grpo import (
 from perception.i2v_rl.policy import I2VPolicy, gaussian_logprob
 from perception.i2v_rl.rewards import CompositeReward
 from perception.i2v_rl.task import ConditioningSet, GRPORunner
-from perception.video.configuration_flexforcing import FlexForcingConfig
-from perception.video.modeling_flexforcing import FlexForcingModel
+from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
 
-TINY = FlexForcingConfig(frame_size=16, vae_channels=[8, 8], vae_norm_groups=4, dim=32, depth=2, num_heads=2,
-                         num_frames=5, sample_steps=4, max_context=1)
+# the tests' Flex-Forcing (16 px frames, 8 x 8 x 4 latents, a 2-block Wan of width 32), 5 latent frames
+TINY = tiny_config(num_frames=5, sample_steps=4, max_context=1)
 
 
-def tiny_backbone(seed: int = 0) -> FlexForcingModel:
-    """A random tiny Flex-Forcing model whose zero-initialised weights (adaLN-Zero, read-out) are perturbed, so
-    that the velocity depends on its inputs."""
+def _shipped_base_is_stale() -> bool:
+    """The shipped Flex-Forcing checkpoint still holds the old architecture (VideoDiT + per-frame 2-D VAE) until it
+    is re-trained on the Wan backbone; its config then records the diffusers configs."""
+    from core.pretrained import read_config
+    from core.resources import asset
+
+    return "transformer_config" not in read_config(asset("checkpoints", "flexforcing"))["model"]
+
+
+shipped = pytest.mark.skipif(_shipped_base_is_stale(), reason="the shipped Flex-Forcing checkpoint predates the Wan "
+                                                               "backbone (re-shipped by the lead)")
+
+
+def tiny_backbone(seed: int = 0, config=None) -> FlexForcingModel:
+    """A random tiny Flex-Forcing model whose zero-initialised K-projection rows are perturbed, so that every
+    weight matters."""
     torch.manual_seed(seed)
-    model = FlexForcingModel(TINY)
+    model = FlexForcingModel(config or TINY)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.dit.parameters():
-            if p.abs().sum() == 0:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        for p in (model.dit.kproj.parameters() if model.dit.kproj is not None else ()):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     return model.eval()
 
 
@@ -238,6 +249,7 @@ def test_ratio_is_exactly_one_before_the_first_update_and_not_after(tmp_path, lo
     assert all(r["ratio_dev_first"] == 0.0 for r in rows[0::2]) and all(r["ratio_dev"] > 0 for r in rows[1::2])
 
 
+@shipped
 def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp_path):
     """On a fixed model (the shipped pretrained video model, on rendered simulator clips), the spread of rewards
     inside a group (the un-normalised advantages) is smaller when the group shares its initial noise: what is left
@@ -247,10 +259,10 @@ def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp
     from sim.render.videos import make_dataset
 
     policy = I2VPolicy(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).eval()
-    make_dataset(tmp_path, n=6, seed=11, size=32, spp=1, test_fraction=0.0, frames=policy.frames)
+    make_dataset(tmp_path, n=6, seed=11, size=32, spp=1, test_fraction=0.0, frames=policy.video_frames)
     from core.data.video import VideoClipDataset
 
-    ds = VideoClipDataset(tmp_path / "train" / "video", clip_len=policy.frames, step=10**9, cache="all")
+    ds = VideoClipDataset(tmp_path / "train" / "video", clip_len=policy.video_frames, step=10**9, cache="all")
     ref = torch.stack([ds[i]["video"] for i in range(len(ds))])
     reward = CompositeReward({"psnr": 1.0})
     spreads = {}
@@ -478,7 +490,7 @@ def test_ship_policy_references_the_sibling_base_relatively(tmp_path):
     base = tiny_backbone().save_pretrained(assets / "flex")
     policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base)))
     with torch.no_grad():
-        policy.trainable().patch_embed.bias.add_(0.1)
+        policy.trainable().transformer.patch_embedding.bias.add_(0.1)
     run_policy = policy.save_pretrained(tmp_path / "run" / "policy", card={"post_training": "tagrpo, test"})
     with pytest.raises(ConfigError, match="base_ref"):
         ship_policy(run_policy, assets / "tagrpo", base_ref="../elsewhere")
@@ -491,6 +503,7 @@ def test_ship_policy_references_the_sibling_base_relatively(tmp_path):
                                                  strict=True))
 
 
+@shipped
 def test_shipped_policy_is_a_tagrpo_folder_beside_its_base():
     from core.checkpoint import load_weights
     from core.pretrained import load_pretrained, read_card, read_config
@@ -503,7 +516,7 @@ def test_shipped_policy_is_a_tagrpo_folder_beside_its_base():
     assert all(k.startswith("backbone.dit.") for k in load_weights(folder / "model.safetensors"))
     policy = load_pretrained(folder)
     base = load_pretrained(asset("checkpoints", "flexforcing"))
-    assert isinstance(policy, I2VPolicy) and policy.frames == 8 and policy.steps == 8
+    assert isinstance(policy, I2VPolicy) and policy.steps == 8
     sd, base_sd = policy.backbone.state_dict(), base.state_dict()
     assert all(torch.equal(sd[k], base_sd[k]) for k in sd if not k.startswith("dit."))
     assert not all(torch.equal(sd[k], base_sd[k]) for k in sd if k.startswith("dit."))
@@ -552,7 +565,9 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     assert out["gain"] == pytest.approx(out["tuned"]["reward"] - out["base"]["reward"])
     assert set(out["tuned"]["diagnostics"]) == set(task.DIAGNOSTICS)
     assert set(out["references"]) == {"static", "vae_reconstruction"}
-    assert out["tuned"]["diagnostics"]["psnr"] == pytest.approx(out["tuned"]["reward"])  # the trained reward is psnr
+    d = out["tuned"]["diagnostics"]  # the trained reward is the motion reward: trajectory + 0.005 psnr
+    assert out["rewards"] == {"trajectory": 1.0, "psnr": 0.005}
+    assert d["trajectory"] + 0.005 * d["psnr"] == pytest.approx(out["tuned"]["reward"], abs=1e-5)
     with pytest.raises(ConfigError, match="no algorithm"):
         task.train(compose([o for o in over if not o.startswith("algo")] + ["~algo"]))
 
@@ -660,3 +675,185 @@ def test_fsdp_on_two_processes_equals_one_process(tmp_path):
     curve = json.loads((tmp_path / "fsdp" / "curve.json").read_text())["curve"]
     assert [c["iteration"] for c in curve] == [c["iteration"] for c in single.curve] == [0, 2]
     assert [c["reward"] for c in curve] == pytest.approx([c["reward"] for c in single.curve], abs=1e-4)
+
+
+# -- the Wan backbone: Wan2.2-TI2V's layout, temporal compression, rectangular frames, a user's Wan folder -------
+def test_video_of_a_temporally_compressing_vae_on_rectangular_frames(tmp_path):
+    """r = 2 and 16 x 24 frames: N new latent frames decode with the first latent into 1 + N r video frames, the
+    given image is frame 0 exactly, and the rewards compare them with as many simulator frames."""
+    from perception.i2v_rl.rewards import RewardInputs
+
+    cfg = tiny_config(frame_size=[16, 24], vae_temporal_downsample=[True], num_frames=3, max_context=1,
+                      sample_steps=4)
+    base = tiny_backbone(0, cfg).save_pretrained(tmp_path / "flex_r2")
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base), sample_steps=3))
+    assert policy.temporal_factor == 2 and policy.latent_shape() == (2, 4, 8, 12) and policy.video_frames == 5
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 3, 16, 24), generator=g, dtype=torch.uint8)
+    first = policy.encode_first(images)
+    assert first.shape == (2, 1, 4, 8, 12)
+    traj = policy.rollout(first, policy.initial_noise(2, g), 0.3, g)
+    video = policy.decode_video(images, traj.final, first)
+    assert video.shape == (2, 5, 3, 16, 24) and torch.equal(video[:, 0], images)
+    assert torch.equal(video, policy.decode_video(images, traj.final))  # the first latent re-encoded is the same
+    ref = torch.randint(0, 256, (2, 5, 3, 16, 24), generator=g, dtype=torch.uint8)
+    ref[:, 0] = images
+    total, terms = CompositeReward({"trajectory": 1.0, "psnr": 0.01})(RewardInputs(video, ref))
+    assert total.shape == (2,) and torch.isfinite(total).all() and set(terms) == {"trajectory", "psnr"}
+    with pytest.raises(ValueError, match="16, 24"):
+        policy.encode_first(torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("chunking", ["random", "one"])
+def test_the_first_frame_is_a_clean_latent_in_its_own_chunk_or_inline(tmp_path, chunking):
+    """Chunked bases: the first frame is chunk 0 (its output cannot see the new frames); a ``chunking=one`` base:
+    it sits inline under full attention, as in Wan2.2-TI2V. Both at t = 0 and frame position 0."""
+    kw = {"chunking": "one", "noise": "per_clip", "k_projection": False} if chunking == "one" else {}
+    base = tiny_backbone(0, tiny_config(num_frames=5, max_context=1, **kw)).save_pretrained(tmp_path / chunking)
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base), sample_steps=4))
+    assert policy.inline_first == (chunking == "one")
+    g = torch.Generator().manual_seed(0)
+    first, x = torch.randn(2, 1, 4, 8, 8, generator=g), torch.randn(2, 4, 4, 8, 8, generator=g)
+    seen = {}
+
+    def spy(dit, args, kwargs):
+        seen.update(x=args[0], t=args[1], frames=args[2], chunks=args[3] if len(args) > 3 else kwargs.get("chunks"))
+
+    hook = policy.backbone.dit.register_forward_pre_hook(spy, with_kwargs=True)
+    v = policy.velocity(first, x, 0.6)
+    hook.remove()
+    assert v.shape == x.shape and torch.equal(seen["x"][:, :1], first)
+    assert torch.equal(seen["t"][:, 0], torch.zeros(2)) and bool((seen["t"][:, 1:] == 0.6).all())
+    assert torch.equal(seen["frames"], torch.arange(5))
+    dit = policy.backbone.dit
+    tt = seen["t"]
+    out_a = dit(torch.cat([first, x], 1), tt, torch.arange(5), seen["chunks"])
+    out_b = dit(torch.cat([first, x + 1.0], 1), tt, torch.arange(5), seen["chunks"])
+    if chunking == "one":
+        assert seen["chunks"] is None and not torch.allclose(out_a[:, 0], out_b[:, 0])  # full attention
+    else:
+        assert seen["chunks"].tolist() == [0, 1, 1, 1, 1]
+        torch.testing.assert_close(out_a[:, 0], out_b[:, 0])  # the clean first frame is an earlier chunk
+
+
+def _wan_pipeline(folder: Path, k: int = 4) -> Path:
+    """A tiny Wan2.1-structured diffusers pipeline folder written by ``save_pretrained``: transformer/ + vae/."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from core.layers.wan import wan_transformer_config
+
+    torch.manual_seed(5)
+    WanTransformer3DModel(**wan_transformer_config(num_heads=2, head_dim=16, num_layers=2, ffn_dim=64, in_channels=k,
+                                                   text_dim=16, patch=2, freq_dim=32)).save_pretrained(
+        folder / "transformer")
+    AutoencoderKLWan(base_dim=8, z_dim=k, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False]
+                     ).save_pretrained(folder / "vae")
+    (folder / "model_index.json").write_text('{"_class_name": "WanPipeline", "_diffusers_version": "0.42.1", '
+                                             '"transformer": ["diffusers", "WanTransformer3DModel"], '
+                                             '"vae": ["diffusers", "AutoencoderKLWan"]}')
+    return folder
+
+
+def test_a_users_wan_pipeline_folder_is_a_base_from_outside_the_repository(tmp_path, monkeypatch):
+    """`embodied train tagrpo model.base_path=<a Wan diffusers folder>` from another working directory: the
+    registry's Flex-Forcing class is built around it, the policy stores the DiT and references the folder, loading
+    rebuilds from it, and the folder is byte-identical afterwards."""
+    from core.checkpoint import load_weights
+    from core.pretrained import load_pretrained, read_config
+    from perception.i2v_rl import task
+    from perception.i2v_rl.policy import is_wan_folder
+
+    wan = _wan_pipeline(tmp_path / "Wan2.1-tiny-Diffusers")
+    assert is_wan_folder(wan) and is_wan_folder(wan / "transformer") and not is_wan_folder(wan / "vae")
+    before = _digest(wan)
+    monkeypatch.chdir(tmp_path)
+    over = ["experiment=tagrpo", "debug=tiny", "algo.group_size=2", f"model.base_path={wan}", "model.frames=3",
+            "model.sample_steps=2", "algo.updates_per_iteration=1", "data.root=data", "data.test_root=test",
+            "data.size=16", "data.render_n=2", "data.render_frames=4", "data.test_n=1", "data.test_frames=4",
+            "data.heldout_images=1", "data.train_images=1", "data.images_per_iteration=1", "data.eval_every=2",
+            "out_dir=run"]
+    result = task.train(compose(over))
+    assert result["iteration"] == 4
+    folder = tmp_path / "run" / "policy"
+    config = read_config(folder)
+    assert config["model"]["base_path"] == str(wan.resolve()) and config["model"]["frame_size"] == 16
+    stored = load_weights(folder / "model.safetensors")
+    assert stored and all(k.startswith("backbone.dit.transformer.") for k in stored)  # no K-projection: inline
+    policy = load_pretrained(folder)
+    assert isinstance(policy, I2VPolicy) and policy.inline_first and policy.latent_shape() == (2, 4, 8, 8)
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in stored.items())
+    fresh = I2VPolicy(TAGRPOModelConfig(base_path=str(wan), frame_size=16, frames=3))
+    assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in stored.items())  # it was post-trained
+    assert _digest(wan) == before  # only read
+    with pytest.raises(ConfigError, match="vae_path"):
+        I2VPolicy(TAGRPOModelConfig(base_path=str(tiny_base(tmp_path)), vae_path=str(wan / "vae")))
+
+
+def test_a_wan_transformer_folder_with_a_vae_folder_and_the_k_projection(tmp_path):
+    from core.pretrained import load_pretrained
+
+    wan = _wan_pipeline(tmp_path / "wan")
+    before = _digest(wan)
+    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(wan / "transformer"), vae_path=str(wan / "vae"),
+                                         frame_size=[16, 24], k_projection=True, frames=3, sample_steps=2))
+    assert not policy.inline_first and policy.latent_shape() == (2, 4, 8, 12)
+    assert any(k.startswith("backbone.dit.kproj.") for k in policy.trained_state_dict())
+    with torch.no_grad():
+        policy.trainable().transformer.proj_out.bias.add_(0.1)
+    loaded = load_pretrained(policy.save_pretrained(tmp_path / "policy"))
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), policy.state_dict().values(),
+                                                 strict=True))
+    images = torch.randint(0, 256, (1, 3, 16, 24), dtype=torch.uint8)
+    lat = loaded.sample(loaded.encode_first(images), loaded.initial_noise(1))
+    assert loaded.decode_video(images, lat).shape == (1, 3, 3, 16, 24)
+    assert _digest(wan) == before
+
+
+# -- the policy-gradient coefficient under the time shift -------------------------------------------------------
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_step_coefficients_match_the_closed_form_and_balancing_equalises_them(shift):
+    from core.diffusion import timestep_grid
+    from perception.i2v_rl.grpo import step_coefficients, step_weights
+
+    steps, eta = 8, 0.3
+    rows = step_coefficients(steps, shift, eta)
+    grid = timestep_grid(steps, shift, dtype=torch.float64).tolist()
+    for i, r in enumerate(rows):
+        t, tn = grid[i], grid[i + 1]
+        dt = tn - t
+        ts = min(t, 1 + dt)  # sde_step's clamp away from t = 1
+        sigma = eta * math.sqrt(ts / (1 - ts))
+        assert r.std == pytest.approx(sigma * math.sqrt(-dt), rel=1e-9)
+        assert r.dmean_dv == pytest.approx(dt * (1 + sigma**2 * (1 - t) / (2 * t)), rel=1e-9)
+        assert r.coefficient == pytest.approx(r.dmean_dv / r.std**2, rel=1e-9)
+        if ts == t:  # unclamped: sigma_t^2 (1 - t) / (2 t) = eta^2 / 2
+            assert r.dmean_dv == pytest.approx(dt * (1 + eta**2 / 2), rel=1e-9)
+    scale = [r.scale for r in rows]
+    assert all(a < b for a, b in zip(scale, scale[1:], strict=False))  # grows towards the data end
+    assert scale[-1] / scale[0] > (15 if shift == 3.0 else 6)
+    w = step_weights(steps, shift, eta)
+    assert float(w.mean()) == pytest.approx(1.0)
+    prod = w * torch.tensor(scale, dtype=torch.float64)
+    assert float(prod.max() - prod.min()) < 1e-9 * float(prod.mean())
+    assert torch.equal(step_weights(steps, shift, eta, "none"), torch.ones(steps, dtype=torch.float64))
+
+
+def test_balanced_step_weighting_scales_each_steps_loss_by_its_weight(tmp_path):
+    from torch.utils.data import default_collate
+
+    from perception.i2v_rl.grpo import step_weights
+
+    losses = {}
+    for mode in ("none", "balanced"):
+        algo = AlgoConfig(loss="contrastive", group_size=3, bank_size=8, step_weighting=mode)
+        runner = _runner(tmp_path / mode, algo)
+        learner = runner.learner
+        batch = default_collate([runner.schedule[j] for j in range(2)])
+        prepared = learner.prepare_batch(batch)
+        losses[mode] = learner.training_step(prepared)["loss"].detach()
+        step = prepared["timestep"]
+    w = step_weights(4, 1.0, 0.3)
+    torch.testing.assert_close(losses["balanced"], losses["none"] * float(w[step]))
+    assert float(w[step]) != pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="step_weighting"):
+        AlgoConfig(step_weighting="snr")
