@@ -221,15 +221,16 @@ def use_fera_vae(tmp: Path) -> None:
     assert tree_digest(unet) == before
 
 
-def use_tagrpo(tmp: Path) -> None:
-    from core.resources import asset
+def use_tagrpo(tmp: Path, option: str) -> None:
     from perception.i2v_rl.configuration_tagrpo import TAGRPODataConfig, TAGRPOModelConfig
     from perception.i2v_rl.task import build_policy
+    from tests.perception.video.conftest import TINY_WAN, TINY_WAN_VAE, save_wan_pipeline
 
-    folder = tmp / "flexforcing"
-    shutil.copytree(asset("checkpoints", "flexforcing"), folder)  # a workspace-format base: a copy of the asset
-    assert_untouched(folder, lambda: build_policy(TAGRPOModelConfig(base_path=str(folder)), TAGRPODataConfig(),
-                                                  "cpu"))
+    pipe = save_wan_pipeline(tmp / "Wan", TINY_WAN, TINY_WAN_VAE)  # a user's Wan diffusers folder
+    cfg = (TAGRPOModelConfig(base_path=str(pipe), frame_size=32, frames=3) if option == "base_path" else
+           TAGRPOModelConfig(base_path=str(pipe / "transformer"), vae_path=str(pipe / "vae"), frame_size=32, frames=3))
+    folder = pipe if option == "base_path" else pipe / "vae"
+    assert_untouched(folder, lambda: build_policy(cfg, TAGRPODataConfig(), "cpu"))
 
 
 #: (method, option) -> (fixture kind: what a user's folder is, the fast use). Add a row for a new ``*_path`` option.
@@ -246,7 +247,9 @@ FIXTURES = {
                                                                           use_lacwm(t / "e", "explicit"))),
     ("fera", "model.base_path"): ("diffusers UNet2DConditionModel folder", use_fera),
     ("fera", "model.vae_path"): ("diffusers AutoencoderKL folder", use_fera_vae),
-    ("tagrpo", "model.base_path"): ("workspace Flex-Forcing checkpoint (copy of the shipped asset)", use_tagrpo),
+    ("tagrpo", "model.base_path"): ("diffusers Wan pipeline folder", lambda t: use_tagrpo(t, "base_path")),
+    ("tagrpo", "model.vae_path"): ("diffusers AutoencoderKLWan folder (beside a Wan transformer folder)",
+                                   lambda t: use_tagrpo(t, "vae_path")),
 }
 
 
