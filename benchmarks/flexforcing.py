@@ -1,12 +1,17 @@
 """Flex-Forcing sampling speed: every regime from the same weights, the KV cache against recomputing the
 prefix, flex against autoregressive / bidirectional, and the bidirectional sampler against its limit.
 
-A randomly initialised ``FlexForcingModel(FlexForcingConfig())`` (dim 128, depth 4, 4 heads, 32 px frames ->
-8 x 8 x 4 latents, patch 2 -> 16 tokens per frame, training length ``T = num_frames = 8``, 8 Euler steps,
-K-projection on), with every parameter that is exactly zero (the adaLN-Zero gates, the zero read-out, the
-K-projection's gamma / v parts, biases) set to small random values so that the velocities are not zero. Eval
-mode, no grad, batch 4 (``--quick``: 2), 2 clean context latent frames; cost does not depend on the values.
-Times are best-of-N with all timed functions interleaved round-robin in one process (shared, noisy cores).
+A randomly initialised ``FlexForcingModel(FlexForcingConfig())``, the shipped size on the Wan backbone: a
+diffusers ``WanTransformer3DModel`` (4 heads x 32 = width 128, 4 blocks, FFN 512, text width 32; 1.21 M
+parameters + 0.13 M of the K-projection) run by ``core.layers.wan.CausalWan``, behind an ``AutoencoderKLWan``
+(2 levels, no temporal downsampling): 32 px frames -> 16 x 16 x 8 latents, patch 2 -> 64 tokens per latent
+frame, training length ``T = num_frames = 8`` latent frames, 8 Euler steps, K-projection on. Wan
+zero-initialises nothing that gates the velocity (its only zero tensors are the cross-attention LayerNorms'
+biases); the K-projection's ``gamma`` / ``v`` parts start at zero (the identity), so only those are set to small
+random values (an identity projection would cost the same but hide nothing). Eval mode, no grad,
+batch 4 (``--quick``: 2), 2 clean context latent frames; cost does not depend on the values. Times are best-of-N
+with all timed functions interleaved round-robin in one process (shared, noisy cores). The dense-mask vs
+block-mask memory of the attention itself is ``benchmarks.flexforcing_mask``.
 
 Measured (``perception.video.sampling.generate`` unless said otherwise), each continuing the context by 64
 new frames (``--quick``: 16):
@@ -70,7 +75,8 @@ CHECK_TOL = 1e-4
 
 
 def build_model(device: str, seed: int = 0, std: float = 0.02):
-    """The default-sized model, zero parameters perturbed to ``std``-sized random values, in eval mode."""
+    """The default-sized model in eval mode, the K-projection's zero parts (``gamma``, ``v``) set to ``std``-sized
+    random values (nothing else of Wan's starts at zero that would zero the velocity)."""
     from perception.video.configuration_flexforcing import FlexForcingConfig
     from perception.video.modeling_flexforcing import FlexForcingModel
 
@@ -78,7 +84,7 @@ def build_model(device: str, seed: int = 0, std: float = 0.02):
     model = FlexForcingModel(FlexForcingConfig())
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for p in model.dit.parameters():
+        for p in (model.dit.kproj.parameters() if model.dit.kproj is not None else ()):
             zero = p == 0
             if bool(zero.any()):
                 p[zero] = std * torch.randn(int(zero.sum()), generator=g)
@@ -126,7 +132,7 @@ def check_recompute(model, device: str, batch: int = 2) -> float:
 
     cfg = model.config
     num_new = cfg.num_frames - CONTEXT
-    ctx = torch.randn(batch, CONTEXT, cfg.latent_channels, cfg.latent_size, cfg.latent_size,
+    ctx = torch.randn(batch, CONTEXT, cfg.latent_channels, *cfg.latent_hw,
                       generator=torch.Generator().manual_seed(7)).to(device)
     cached = generate(model, ctx, num_new, "autoregressive", generator=torch.Generator().manual_seed(8)).latents
     ref, _ = recompute_ar(model, ctx, num_new, generator=torch.Generator().manual_seed(8))
@@ -188,7 +194,7 @@ def main(argv=None) -> None:
     if not check <= CHECK_TOL:
         print(f"WARNING: the no-cache AR sampler differs from the cached one by {check:.3g} > {CHECK_TOL:g}")
 
-    ctx = torch.randn(batch, CONTEXT, cfg.latent_channels, cfg.latent_size, cfg.latent_size,
+    ctx = torch.randn(batch, CONTEXT, cfg.latent_channels, *cfg.latent_hw,
                       generator=torch.Generator().manual_seed(0)).to(device)
     gens: dict[str, list] = {r: [] for r in REGIMES}
 
@@ -251,7 +257,11 @@ def main(argv=None) -> None:
     write_result("flexforcing", dev_name, args.quick, ratios, figures,
                  {"batch": batch, "context": CONTEXT, "num_new": num_new, "steps": steps, "chunk": CHUNK,
                   "num_frames": cfg.num_frames, "dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
-                  "latent": [cfg.latent_channels, cfg.latent_size, cfg.latent_size], "patch": cfg.patch,
+                  "ffn_dim": cfg.ffn_dim, "backbone": "diffusers WanTransformer3DModel (CausalWan)",
+                  "dit_parameters": sum(p.numel() for p in model.dit.transformer.parameters()),
+                  "kproj_parameters": (sum(p.numel() for p in model.dit.kproj.parameters())
+                                       if model.dit.kproj is not None else 0),
+                  "latent": [cfg.latent_channels, *cfg.latent_hw], "patch": cfg.patch,
                   "pyramid_levels": cfg.pyramid_levels, "k_projection": cfg.k_projection,
                   "repeats": repeats, "dtype": "float32"},
                  goals={"bidirectional_vs_limit": "<= 1.2", "ar_cached_vs_recompute_time": "<= 0.5",

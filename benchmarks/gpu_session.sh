@@ -15,6 +15,13 @@
 # in the default pass (its caps already sum to ~7.5 minutes of a 10-minute command); run them as their own call:
 #   bash benchmarks/gpu_session.sh OUT paper                      # or: ... OUT paper_scale.deepvrm:150
 #
+# Video (the word `video`): benchmarks.flexforcing (the sampling regimes of the shipped-size Flex-Forcing on the
+# Wan classes; ~2.5 minutes of an H200: launch-bound, the no-cache AR baseline alone runs 512 passes a call) and
+# benchmarks.flexforcing_mask (dense SDPA mask vs FlexAttention block mask at 21 / 81 latent frames of Wan2.1's
+# 480p layout: mask bytes, build and attention peaks, times; FlexAttention compiles once per shape). Not in the
+# default pass (it would not fit the command); run them as their own call:
+#   bash benchmarks/gpu_session.sh OUT video                      # or: ... OUT flexforcing_mask:240
+#
 # Missing pure-Python pins travel as wheels in .whl/ (see ../.library/device/README.md); they are installed
 # to /tmp/site first. Each benchmark runs under its own time cap so that one slow or failing benchmark
 # cannot cost the others; results are re-packed after each one, so a cut-off run still returns what it
@@ -43,14 +50,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 shift
 # per-method caps of the paper-size rows: building the model on the GPU, two training steps (the counted warm-up
-# and the timed one) and two inferences; the 7B / 4B VLMs and the 1.4B video DiT over 18,900 tokens take longest
-paper="paper_scale.transnormal:60 paper_scale.deepvrm:90 paper_scale.automot:90 paper_scale.flexforcing:75
+# and the timed one) and two inferences; the 7B / 4B VLMs and Wan2.1-1.3B over 32,760 tokens (21 latent frames at
+# 480 x 832; inference: 31 flex passes + the 3-D VAE decoding 81 frames) take longest
+paper="paper_scale.transnormal:60 paper_scale.deepvrm:90 paper_scale.automot:90 paper_scale.flexforcing:120
 paper_scale.tagrpo:90 paper_scale.fera:40 paper_scale.sola:30 paper_scale.lacwm:20 paper_scale.bc:20"
-specs=${*:-"sola:90 transnormal:90 loaders:50 flexforcing:50 fera:60 tagrpo:40 deepvrm:40 worldmodel:30"}
+video="flexforcing:150 flexforcing_mask:210"
+specs=${*:-"sola:90 transnormal:90 loaders:50 fera:60 tagrpo:40 deepvrm:40 worldmodel:30"}
 expanded=""
 for spec in $specs; do  # `paper` (or a bare paper_scale[:CAP]) = every paper-size row, each under its own cap
   case $spec in
     paper | paper_scale | paper_scale:*) expanded="$expanded $paper" ;;
+    video) expanded="$expanded $video" ;;
     *) expanded="$expanded $spec" ;;
   esac
 done

@@ -338,45 +338,102 @@ def automot(ctx: Ctx) -> Case:
                 checkpointing=ckpt, notes=notes)
 
 
+def _wan21_vae_config() -> dict[str, Any]:
+    """The default diffusers ``AutoencoderKLWan()`` config (Wan2.1's VAE: z 16, 8x space, 4x time), read off a
+    meta-device build."""
+    from diffusers import AutoencoderKLWan
+
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dict(vae.config).items() if not k.startswith("_")}
+
+
 def _flex_config(tiny: bool):
-    """Flex-Forcing's ``FlexForcingConfig`` at Wan2.1-T2V-1.3B's DiT sizes (dim 1536, 30 blocks, 12 heads, FFN
-    8960, 16 latent channels) over 21 latent frames (Wan's 81-frame clip) of 480 x 480 px through an SD-class
-    per-frame VAE (factor 8 -> 60 x 60 latents, patch 2: 900 tokens a frame, 18,900 a clip)."""
+    """Flex-Forcing's ``FlexForcingConfig`` on Wan2.1-T2V-1.3B itself: ``core.layers.wan.WAN21_1_3B`` (dim 1536, 30
+    blocks, 12 heads, FFN 8960, 16 latent channels, patch 1 x 2 x 2) run by ``CausalWan`` with the K-projection,
+    behind the default Wan2.1 ``AutoencoderKLWan()``, over 21 latent frames (Wan's 81-frame clip) of 480 x 832 px
+    (60 x 104 latents: 1,560 tokens a frame, 32,760 a clip). ``--tiny``: the tests' ``tiny_config()``."""
     from perception.video.configuration_flexforcing import FlexForcingConfig
 
     if tiny:
-        return FlexForcingConfig(frame_size=16, vae_channels=[8, 8], vae_norm_groups=4, dim=32, depth=2, num_heads=2,
-                                 num_frames=6, sample_steps=2, pyramid_levels=2)
-    return FlexForcingConfig(frame_size=480, latent_channels=16, vae_channels=[128, 256, 512, 512],
-                             vae_layers_per_block=2, vae_norm_groups=32, patch=2, dim=1536, depth=30, num_heads=12,
-                             mlp_ratio=8960 / 1536, num_frames=21)
+        from perception.video.modeling_flexforcing import tiny_config
+
+        return tiny_config(sample_steps=2, pyramid_levels=2)
+    from core.layers.wan import WAN21_1_3B
+
+    return FlexForcingConfig(frame_size=[480, 832], transformer_config=dict(WAN21_1_3B),
+                             vae_config=_wan21_vae_config(), num_frames=21, k_projection=True)
+
+
+def flexforcing_sizes(tiny: bool = False) -> dict[str, Any]:
+    """Parameter counts and token layout of the flexforcing row's model.
+
+    At paper size its parts are built on the meta device (no memory): ``CausalWan.from_config(WAN21_1_3B,
+    k_projection=True)`` and ``AutoencoderKLWan(**vae_config)``; ``tiny`` builds the tiny model on the CPU.
+    Returns ``transformer`` (the diffusers ``WanTransformer3DModel``: 1,418,996,800 at Wan2.1-1.3B), ``kproj`` (the
+    added K-projection), ``vae`` and the latent layout of one training window.
+    """
+    from diffusers import AutoencoderKLWan
+
+    from core.layers.wan import CausalWan
+    from perception.video.modeling_flexforcing import FlexForcingModel
+
+    cfg = _flex_config(tiny)
+    if cfg.transformer_config is not None and cfg.vae_config is not None:
+        with torch.device("meta"):
+            dit = CausalWan.from_config(cfg.transformer_config, cfg.k_projection)
+            vae = AutoencoderKLWan(**cfg.vae_config)
+        patch = int(cfg.transformer_config["patch_size"][1])
+    else:
+        model = FlexForcingModel(cfg)
+        dit, vae, patch = model.dit, model.vae, model.config.patch
+    h, w = cfg.latent_hw
+    per_frame = (h // patch) * (w // patch)
+    return {"transformer": sum(p.numel() for p in dit.transformer.parameters()),
+            "kproj": sum(p.numel() for p in dit.kproj.parameters()) if dit.kproj is not None else 0,
+            "vae": sum(p.numel() for p in vae.parameters()), "latent_frames": cfg.num_frames,
+            "video_frames": cfg.video_frames, "frame_hw": list(cfg.frame_hw), "latent_hw": [h, w],
+            "latent_channels": int(vae.config.z_dim), "tokens_per_frame": per_frame,
+            "tokens": per_frame * cfg.num_frames}
 
 
 def flexforcing(ctx: Ctx) -> Case:
-    """Flex-Forcing's ``FlexForcingModel`` at Wan2.1-1.3B size (``_flex_config``), one clip per step."""
+    """Flex-Forcing's ``FlexForcingModel`` on Wan2.1-T2V-1.3B + the Wan2.1 VAE (``_flex_config``), one clip per step.
+
+    The training step runs on pre-encoded latents, as ``perception.video.task`` trains (every source video is
+    encoded once by the frozen VAE); inference is flex generation of the clip from one first-frame latent, decoded.
+    """
     from perception.video.modeling_flexforcing import FlexForcingModel
     from perception.video.sampling import generate
 
     notes: list[str] = []
     cfg = _flex_config(ctx.tiny)
+    sizes = flexforcing_sizes(ctx.tiny)
+    notes.append(f"sizes ({'CPU' if ctx.tiny else 'meta device'}): transformer {sizes['transformer']:,} + "
+                 f"K-projection {sizes['kproj']:,} parameters, VAE {sizes['vae']:,}; "
+                 f"{sizes['tokens_per_frame']:,} tokens a latent frame, {sizes['tokens']:,} a clip")
     model = build_on(ctx, lambda: FlexForcingModel(cfg), notes)
     ckpt = checkpointing(model, notes)
-    s, f = cfg.frame_size, cfg.num_frames
-    video = ctx.rand(1, f, 3, s, s, uint8=True)
-    first = ctx.rand(1, 1, cfg.latent_channels, cfg.latent_size, cfg.latent_size, seed=1, normal=True)
+    mc = model.config
+    f, (h, w), (hh, ww) = mc.num_frames, mc.frame_hw, mc.latent_hw
+    latents = ctx.rand(1, f, mc.latent_channels, hh, ww, normal=True)
+    first = ctx.rand(1, 1, mc.latent_channels, hh, ww, seed=1, normal=True)
 
     def infer():
         gen = generate(model, first, f - 1, "flex", generator=torch.Generator().manual_seed(0))
         return model.decode(gen.latents)
 
-    return Case(model, "Flex-Forcing VideoDiT at Wan2.1-1.3B sizes + SD-class per-frame VAE",
-                f"{f} frames x {s}x{s}", 1, lambda: {"video": video}, infer,
-                f"flex generation of {f - 1} frames ({cfg.sample_steps} steps) + decode", checkpointing=ckpt,
-                notes=notes)
+    what = ("Flex-Forcing on Wan2.1-T2V-1.3B (diffusers WanTransformer3DModel via CausalWan, + K-projection) + Wan2.1 "
+            "AutoencoderKLWan" if not ctx.tiny else "Flex-Forcing tiny_config() (Wan classes)")
+    return Case(model, what, f"{f} latent frames ({mc.video_frames} video) x {h}x{w}", 1,
+                lambda: {"latents": latents}, infer,
+                f"flex generation of {f - 1} latent frames ({mc.sample_steps} steps) + VAE decode to "
+                f"{mc.video_frames} frames", checkpointing=ckpt, notes=notes)
 
 
 def tagrpo(ctx: Ctx) -> Case:
-    """TAGRPO's ``I2VPolicy`` around the paper-size Flex-Forcing base (saved with its own ``save_pretrained``)."""
+    """TAGRPO's ``I2VPolicy`` around the flexforcing row's base (Wan2.1-T2V-1.3B, saved with its own
+    ``save_pretrained`` and loaded through the registry), a group of 2 rollouts of one image."""
     from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
     from perception.i2v_rl.grpo import contrastive_loss, group_advantages
     from perception.i2v_rl.policy import I2VPolicy
@@ -391,8 +448,8 @@ def tagrpo(ctx: Ctx) -> Case:
     policy = build_on(ctx, lambda: I2VPolicy(TAGRPOModelConfig(base_path=str(base))), notes)
     ckpt = checkpointing(policy.backbone, notes)
     algo = AlgoConfig()
-    k, s = 2, cfg.frame_size  # a group of 2 rollouts of one image: the smallest group with an advantage
-    images = ctx.rand(k, 3, s, s, uint8=True)
+    k, (h, w) = 2, cfg.frame_hw  # a group of 2 rollouts of one image: the smallest group with an advantage
+    images = ctx.rand(k, 3, h, w, uint8=True)
     first = policy.encode_first(images)
     policy.eval()
     with torch.no_grad(), _autocast(ctx):
@@ -411,9 +468,11 @@ def tagrpo(ctx: Ctx) -> Case:
         return policy.decode_video(images[:1], policy.sample(first[:1], traj.latents[:1, 0]))
 
     notes.append(f"step = one TAGRPO update on 1 of {policy.steps} transitions of a group of {k} rollouts")
-    return Case(policy, "TAGRPO I2VPolicy on the Wan2.1-1.3B-size Flex-Forcing DiT", f"{policy.frames} frames x "
-                f"{s}x{s}", k, lambda: {}, infer, f"ODE sample ({policy.steps} steps) + decode, 1 video",
-                loss=loss, optimized=policy.trainable(), checkpointing=ckpt, notes=notes)
+    what = "TAGRPO I2VPolicy on the Flex-Forcing " + ("tiny_config() base" if ctx.tiny else "Wan2.1-T2V-1.3B base")
+    return Case(policy, what + " (first frame a clean latent, Wan2.2-TI2V's layout)",
+                f"{policy.frames} latent frames ({policy.video_frames} video) x {h}x{w}", k, lambda: {}, infer,
+                f"ODE sample ({policy.steps} steps) + decode, 1 video", loss=loss, optimized=policy.trainable(),
+                checkpointing=ckpt, notes=notes)
 
 
 def fera(ctx: Ctx) -> Case:

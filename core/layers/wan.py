@@ -41,7 +41,7 @@ from torch import nn
 from core.errors import CheckpointError, ConfigError
 from core.layers.kv_cache import KVCache
 
-__all__ = ["ATTENTIONS", "WAN21_1_3B", "CausalWan", "ChunkCausalWanProcessor", "chunk_attention_mask",
+__all__ = ["ATTENTIONS", "WAN21_1_3B", "CausalWan", "ChunkCausalWanProcessor", "chunk_attention_mask", "chunk_block_mask",
            "load_wan_transformer_weights", "resolve_wan_folder", "wan_parameter_count",
            "wan_transformer_config"]
 
@@ -132,18 +132,64 @@ def chunk_attention_mask(q_chunks: torch.Tensor, num_cached: int, backend: str =
     Args:
         q_chunks: (N,) chunk id of every new token (generation order).
         num_cached: Cached tokens ``M`` in front of the new ones (visible to every query).
-        backend: ``sdpa`` -> a (N, M + N) bool tensor; ``flex`` -> a FlexAttention ``BlockMask`` (its memory is
-            per 128 x 128 block, not per token pair).
+        backend: ``sdpa`` -> a (N, M + N) bool tensor; ``flex`` -> a FlexAttention ``BlockMask`` built from
+            per-block chunk ranges (``chunk_block_mask``: memory per 128 x 128 block, not per token pair);
+            ``flex_reference`` -> the same ``BlockMask`` by torch's eager ``create_block_mask``, which evaluates
+            every token pair (10.7 GB at Wan2.1's 21 latent frames: a test reference, not for training).
     """
     kv_chunks = torch.cat([q_chunks.new_full((num_cached,), -1), q_chunks])
     if backend == "sdpa":
         return kv_chunks[None, :] <= q_chunks[:, None]
+    if backend == "flex":
+        return chunk_block_mask(q_chunks, num_cached)
     from torch.nn.attention.flex_attention import create_block_mask
 
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_chunks[kv_idx] <= q_chunks[q_idx]
 
     return create_block_mask(mask_mod, None, None, len(q_chunks), len(kv_chunks), device=q_chunks.device)
+
+
+def _block_ranges(ids: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(min, max, padded) chunk id of every ``block``-token block of ``ids`` (the last block may be short)."""
+    n = len(ids)
+    nb = -(-n // block)
+    pad = nb * block - n
+    big = torch.iinfo(torch.long).max
+    lo = torch.cat([ids, ids.new_full((pad,), big)]).view(nb, block).amin(1)
+    hi = torch.cat([ids, ids.new_full((pad,), -big)]).view(nb, block).amax(1)
+    padded = torch.zeros(nb, dtype=torch.bool, device=ids.device)
+    padded[-1] = pad > 0
+    return lo, hi, padded
+
+
+def chunk_block_mask(q_chunks: torch.Tensor, num_cached: int, block: int = 128):
+    """The chunk-causal FlexAttention ``BlockMask`` from per-block chunk ranges (equal to ``create_block_mask``'s).
+
+    A (query block, key block) pair is *full* iff every key's chunk id <= every query's (max key <= min query) and
+    neither block is padded, *empty* iff no key id <= any query id (min key > max query), else *partial* (the
+    ``mask_mod``, the token rule, decides inside). Memory O((N / block)^2).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kv_chunks = torch.cat([q_chunks.new_full((num_cached,), -1), q_chunks])
+    qlo, qhi, qpad = _block_ranges(q_chunks, block)
+    klo, khi, kpad = _block_ranges(kv_chunks, block)
+    any_true = klo[None, :] <= qhi[:, None]  # (Qb, KVb)
+    full = (khi[None, :] <= qlo[:, None]) & ~qpad[:, None] & ~kpad[None, :]
+    partial = any_true & ~full
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_chunks[kv_idx] <= q_chunks[q_idx]
+
+    def lists(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = m.to(torch.int8)[None, None]  # (1, 1, Qb, KVb): one mask for every batch row and head
+        return m.sum(-1).to(torch.int32), torch.argsort(m, dim=-1, descending=True, stable=True).to(torch.int32)
+
+    kv_num, kv_idx = lists(partial)
+    full_num, full_idx = lists(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block, block), mask_mod=mask_mod,
+                                    seq_lengths=(len(q_chunks), len(kv_chunks)))
 
 
 _FLEX = {}

@@ -125,3 +125,26 @@ def test_mfu_when_a_peak_is_known_and_failing_rows_do_not_stop_the_others(monkey
     assert rows["lacwm"]["status"].startswith("infer OOM: CUDA out of memory")
     assert rows["lacwm"]["train_step_s"] > 0  # its training step was still measured
     assert rows["bc"]["status"] == "ok"
+
+
+def test_flexforcing_row_is_wan21_1_3b_on_the_meta_device():
+    from core.layers.vae import wan21_vae_size
+    from core.layers.wan import WAN21_1_3B, wan_parameter_count
+
+    sizes = ps.flexforcing_sizes()
+    assert sizes["transformer"] == 1_418_996_800 == wan_parameter_count(WAN21_1_3B)  # Wan2.1-T2V-1.3B exactly
+    # the K-projection: per block Linear(1536 -> 12 heads x (1 + 2 x 128)), weights and biases
+    assert sizes["kproj"] == 30 * (1536 + 1) * 12 * (1 + 2 * 128)
+    assert sizes["vae"] == wan21_vae_size()
+    assert sizes["frame_hw"] == [480, 832] and sizes["latent_hw"] == [60, 104] and sizes["latent_channels"] == 16
+    assert (sizes["latent_frames"], sizes["video_frames"]) == (21, 81)
+    assert (sizes["tokens_per_frame"], sizes["tokens"]) == (1560, 32760)
+
+
+@pytest.mark.parametrize("method", ["flexforcing", "tagrpo"])
+def test_video_rows_run_at_tiny_size(method, tmp_path):
+    ctx = ps.Ctx(tiny=True, device="cpu", dtype="float32", workdir=tmp_path)
+    row = ps.run_method(method, ctx, peak=None)
+    assert row["status"] == "ok", f"{row['status']}\n{row.get('traceback', '')}"
+    assert row["train_step_s"] > 0 and row["infer_s"] > 0 and row["train_flops"] > 0
+    assert 0 < row["trainable_parameters"] <= row["parameters"]

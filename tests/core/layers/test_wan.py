@@ -154,6 +154,20 @@ def test_flex_attention_block_mask_equals_the_dense_sdpa_mask():
     assert bool(mask[0, 2:5].all()) and not bool(mask[0, 5:].any()) and bool(mask[-1].all())
 
 
+@pytest.mark.parametrize("cached", [0, 130])
+def test_the_range_built_block_mask_equals_torchs_create_block_mask(cached):
+    from core.layers.wan import chunk_block_mask
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.repeat_interleave(torch.randperm(5, generator=g), torch.tensor([70, 200, 1, 90, 130]))
+    ours, ref = chunk_block_mask(q, cached), chunk_attention_mask(q, cached, "flex_reference")
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices", "full_q_num_blocks", "full_q_indices"):
+        a, b = getattr(ours, name), getattr(ref, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+    assert bool(ours.kv_num_blocks.sum() + ours.full_kv_num_blocks.sum() < ours.kv_indices.shape[-1] ** 2)
+
+
 def test_rectangular_latents_and_the_cache_roll_bound_memory():
     m = _model(True)
     x, t = _x(f=4, h=4, w=8)
