@@ -54,29 +54,31 @@ class FlexForcingConfig:
     are one chunk with probability ``p_one_chunk``, singletons with ``p_singletons``, else random cut points.
 
     Stage 1 (no ``vae_path``): the VAE trains ``vae_pretrain_steps`` steps on batches of ``vae_batch_clips``
-    clips of ``vae_clip_frames`` video frames from different source videos at random offsets
-    (``core.layers.vae.FrameDiverseClips``), decoding the posterior mean unless ``vae_sample_posterior``.
+    clips of ``vae_clip_frames`` video frames from different source videos at random offsets, ``vae_crop`` px
+    random crops (``core.layers.vae.FrameDiverseClips``; None = whole frames), its convolutions frame-local but
+    for the resampling ones, decoding the posterior mean unless ``vae_sample_posterior``.
     Sampling defaults: ``sample_steps`` Euler steps on a grid shifted by ``sample_shift``; ``pyramid_levels``
     levels of the flex schedule (each halves every chunk of the previous one).
     """
 
     frame_size: Any = 32
-    latent_channels: int = 8
+    latent_channels: int = 16
     vae_base_dim: int = 16
     vae_dim_mult: list[int] = field(default_factory=lambda: [1, 2])
     vae_num_res_blocks: int = 1
-    vae_temporal_downsample: list[bool] = field(default_factory=lambda: [False])
+    vae_temporal_downsample: list[bool] = field(default_factory=lambda: [True])
     vae_path: str | None = None
     vae_config: dict[str, Any] | None = None
-    vae_pretrain_steps: int = 1200
-    vae_pretrain_lr: float = 1.0e-3
-    vae_batch_clips: int = 16
+    vae_pretrain_steps: int = 2400
+    vae_pretrain_lr: float = 2.0e-3
+    vae_batch_clips: int = 8
     vae_clip_frames: int = 5
+    vae_crop: int | None = 16
     vae_sample_posterior: bool = False
     vae_kl_weight: float = 1.0e-6
     base_path: str | None = None
     transformer_config: dict[str, Any] | None = None
-    patch: int = 2
+    patch: int = 4
     num_heads: int = 4
     head_dim: int = 32
     depth: int = 4
@@ -84,7 +86,7 @@ class FlexForcingConfig:
     text_dim: int = 32
     freq_dim: int = 64
     attention: str = "auto"
-    num_frames: int = 8
+    num_frames: int = 5
     chunking: str = "random"
     noise: str = "per_chunk"
     k_projection: bool = True
@@ -202,13 +204,13 @@ class FlexVideoDataConfig:
     render_n: int = 240
     render_frames: int = 24
     render_seed: int = 0
-    test_root: str = "outputs/datasets/videos_flex_test"
+    test_root: str = "outputs/datasets/videos_flex_test73"
     test_n: int = 24
-    test_frames: int = 66
+    test_frames: int = 73
     test_seed: int = 5000
-    window_step: int = 2
+    window_step: int = 1
     context: int = 2
-    eval_frames: int = 66
+    eval_frames: int = 73
     regimes: list[str] = field(default_factory=lambda: ["bidirectional", "autoregressive", "flex"])
     max_test: int | None = None
     seeds: list[int] = field(default_factory=lambda: [0])

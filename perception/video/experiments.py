@@ -43,9 +43,11 @@ def ensure_vae(out: Path, extra: list[str]) -> Path:
     return vae
 
 
-def grid(out: Path, seeds: list[int], steps: int, extra: list[str], workers: int = 1) -> ex.Grid:
-    """The arm x seed grid on the shared VAE (``<out>/vae``, see ``ensure_vae``), run ``workers`` at a time."""
-    vae = out / "vae"
+def grid(out: Path, seeds: list[int], steps: int, extra: list[str], workers: int = 1, vae: Path | None = None
+         ) -> ex.Grid:
+    """The arm x seed grid on the shared VAE (``vae``, default ``<out>/vae``: see ``ensure_vae``), run ``workers``
+    at a time."""
+    vae = (vae or out / "vae").resolve()
     return ex.Grid("flexforcing", out, ex.method_arms("flexforcing"), seeds,
                    [f"trainer.max_steps={steps}", "trainer.progress=false", f"model.vae_path={vae}", *extra],
                    threads=None if workers == 1 else 1)
@@ -142,13 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ex.grid_arguments(p, out="outputs/flex_exp", workers=1)
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--vae", type=Path, default=None,
+                   help="a trained Wan VAE folder every arm shares (e.g. the pilot's outputs/wan_vae_pilot/vae) "
+                        "instead of training <out>/vae first")
     p.add_argument("--ship", type=Path, default=None, help="copy the comparison and videos here (for the demo)")
     p.add_argument("--export", type=Path, default=None, help="export the first seed's Flex-Forcing model here")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
-    g = grid(args.out, args.seeds, args.steps, args.overrides, args.workers)
+    g = grid(args.out, args.seeds, args.steps, args.overrides, args.workers, args.vae)
     if not args.collect_only:
-        ensure_vae(args.out, args.overrides)
+        if args.vae is None:
+            ensure_vae(args.out, args.overrides)
+        from core.config import compose, to_object
+        from perception.video.task import ensure_data
+
+        data = to_object(compose(["experiment=flexforcing", *args.overrides]).data)
+        ensure_data(data, "train"), ensure_data(data, "test")  # rendered once, before parallel runs
         failures = g.run(args.workers)
         if failures:
             return ex.report(failures)

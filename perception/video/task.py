@@ -100,12 +100,18 @@ class LatentWindows(torch.utils.data.Dataset):
 
 def pretrain_vae(model, clips, trainer_cfg: TrainerConfig, model_cfg: FlexForcingConfig, out_dir: Path,
                  run_config: dict[str, Any]) -> dict[str, float]:
-    """Stage 1: ``model.vae`` trained as a video auto-encoder on frame-diverse short clips of the sources."""
+    """Stage 1: ``model.vae`` trained as a video auto-encoder on frame-diverse short clips of the sources
+    (``vae_clip_frames`` frames, ``vae_crop`` px crops), frame-local but for its resampling convolutions (see
+    ``core.layers.vae.VideoAutoencoderTrainer``; ``perception.video.vae_pilot`` is the same recipe standalone)."""
     from core.layers.vae import FrameDiverseClips, VideoAutoencoderTrainer
     from core.trainer import Trainer
 
-    ae = VideoAutoencoderTrainer(model.vae, "video", model_cfg.vae_kl_weight, model_cfg.vae_sample_posterior)
-    data = FrameDiverseClips(clips, model_cfg.vae_clip_frames, per_source=64, seed=trainer_cfg.seed)
+    # frame-local convolutions but the resampling ones (the pilot's recipe: Wan's VAE otherwise learns the zero
+    # padding of short training clips and fails on long videos; a VAE trained here, never a user's)
+    ae = VideoAutoencoderTrainer(model.vae, "video", model_cfg.vae_kl_weight, model_cfg.vae_sample_posterior,
+                                 temporal_mixing="resample")
+    crop = model_cfg.vae_crop if model_cfg.vae_crop and model_cfg.vae_crop < min(model_cfg.frame_hw) else None
+    data = FrameDiverseClips(clips, model_cfg.vae_clip_frames, per_source=64, seed=trainer_cfg.seed, crop=crop)
     model.vae.requires_grad_(True)
     steps = model_cfg.vae_pretrain_steps
     cfg = dataclasses.replace(
