@@ -62,7 +62,7 @@ class FlexForcingConfig:
     """
 
     frame_size: Any = 32
-    latent_channels: int = 16
+    latent_channels: int = 8
     vae_base_dim: int = 16
     vae_dim_mult: list[int] = field(default_factory=lambda: [1, 2])
     vae_num_res_blocks: int = 1
@@ -80,9 +80,9 @@ class FlexForcingConfig:
     transformer_config: dict[str, Any] | None = None
     patch: int = 4
     num_heads: int = 4
-    head_dim: int = 32
+    head_dim: int = 48
     depth: int = 4
-    ffn_dim: int = 512
+    ffn_dim: int = 768
     text_dim: int = 32
     freq_dim: int = 64
     attention: str = "auto"
@@ -118,6 +118,16 @@ class FlexForcingConfig:
                               f"model.patch={self.patch}")
         if self.transformer_config is None and self.head_dim % 2:
             raise ConfigError(f"model.head_dim={self.head_dim} must be even (rotary pairs)")
+        tc = self.transformer_config or {}
+        width = int(tc.get("num_attention_heads", self.num_heads)) * int(tc.get("attention_head_dim", self.head_dim))
+        patch = int((tc.get("patch_size") or (1, self.patch, self.patch))[1])
+        token = int(tc.get("in_channels", self.latent_channels)) * patch * patch
+        if width < token:
+            # the patch embedding and read-out are (token -> width -> token): the velocity could only move the
+            # latents inside a width-dim subspace of each token, and the rest of the initial noise would stay
+            raise ConfigError(f"the transformer width {width} is below a token's {token} latent values "
+                              f"(latent_channels x patch^2): samples would keep noise outside its span; widen "
+                              "num_heads x head_dim or use a smaller patch")
         if self.num_frames < 2:
             raise ConfigError(f"model.num_frames must be >= 2, got {self.num_frames}")
         if not 0 <= self.max_context < self.num_frames:

@@ -218,7 +218,7 @@ class FlexForcingModel(PreTrainedModel):
 def tiny_config(**overrides) -> FlexForcingConfig:
     """The tests' Flex-Forcing: 16 px frames, a 2-level Wan VAE (8 x 8 x 4 latents), a 2-block Wan of width 32."""
     kw = dict(frame_size=16, latent_channels=4, vae_base_dim=8, vae_dim_mult=[1, 2], vae_temporal_downsample=[False],
-              vae_clip_frames=3, num_heads=2, head_dim=16, depth=2, ffn_dim=64, text_dim=16, freq_dim=32,
+              vae_clip_frames=3, patch=2, num_heads=2, head_dim=16, depth=2, ffn_dim=64, text_dim=16, freq_dim=32,
               num_frames=6, sample_steps=4, pyramid_levels=3)
     kw.update(overrides)
     return FlexForcingConfig(**kw)

@@ -108,11 +108,11 @@ def pretrain_vae(model, clips, trainer_cfg: TrainerConfig, model_cfg: FlexForcin
 
     # frame-local convolutions but the resampling ones (the pilot's recipe: Wan's VAE otherwise learns the zero
     # padding of short training clips and fails on long videos; a VAE trained here, never a user's)
+    model.vae.requires_grad_(True)
     ae = VideoAutoencoderTrainer(model.vae, "video", model_cfg.vae_kl_weight, model_cfg.vae_sample_posterior,
                                  temporal_mixing="resample")
     crop = model_cfg.vae_crop if model_cfg.vae_crop and model_cfg.vae_crop < min(model_cfg.frame_hw) else None
     data = FrameDiverseClips(clips, model_cfg.vae_clip_frames, per_source=64, seed=trainer_cfg.seed, crop=crop)
-    model.vae.requires_grad_(True)
     steps = model_cfg.vae_pretrain_steps
     cfg = dataclasses.replace(
         trainer_cfg, max_steps=steps, ckpt_every=steps, ema_decay=None, grad_clip=1.0,
