@@ -857,3 +857,38 @@ def test_balanced_step_weighting_scales_each_steps_loss_by_its_weight(tmp_path):
     assert float(w[step]) != pytest.approx(1.0)
     with pytest.raises(ConfigError, match="step_weighting"):
         AlgoConfig(step_weighting="snr")
+
+
+@pytest.mark.slow  # 28 s (renders two clips, four CLI runs); the video side runs in the fast suite
+def test_infer_i2v_continues_the_scene_it_is_given(tmp_path):
+    """`embodied infer i2v` on a policy around the shipped Flex-Forcing base (its DiT as the base trained it): on
+    the shipped sample frame and on held-out simulator first frames, the first generated frames stay closer to the
+    given frame than to a blank (mid-grey) control frame, and closer to it than the video of a blank image is."""
+    import cv2
+
+    from core.data.video import VideoClipDataset, read_frames
+    from core.resources import asset
+    from perception.i2v_rl.cli import infer
+    from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
+    from perception.i2v_rl.policy import I2VPolicy
+    from sim.render.videos import make_dataset
+
+    base = asset("checkpoints", "flexforcing")
+    policy_dir = I2VPolicy(TAGRPOModelConfig(base_path=str(base))).save_pretrained(tmp_path / "policy")
+    make_dataset(tmp_path / "clips", n=2, seed=7000, size=32, spp=4, test_fraction=0.0, frames=2)
+    ds = VideoClipDataset(tmp_path / "clips" / "train" / "video", clip_len=1, step=10**9, cache="all")
+    images = [cv2.imread(str(base / "sample_first_frame.png"))]
+    images += [ds[i]["video"][0].permute(1, 2, 0).numpy()[..., ::-1] for i in range(len(ds))]
+    images.append(np.full((32, 32, 3), 128, np.uint8))  # the blank control
+    videos = []
+    for i, im in enumerate(images):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), im)
+        assert infer(_args(image=str(tmp_path / f"{i}.png"), out=str(tmp_path / f"{i}.mp4"),
+                           checkpoint=str(policy_dir))) == 0
+        videos.append(torch.from_numpy(read_frames(tmp_path / f"{i}.mp4", 0, 5)).float())  # (T, H, W, 3) RGB
+    blank_video = videos.pop()
+    for v in videos:
+        given, new = v[0], v[1:3]  # mp4 round trip: compare decoded frames with the decoded first frame
+        to_given = float((new - given).abs().mean())
+        assert to_given < float((new - 128.0).abs().mean())
+        assert to_given < float((blank_video[1:3] - given).abs().mean())
