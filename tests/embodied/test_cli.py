@@ -97,7 +97,7 @@ def test_eacwm_arm_is_experiment_eacwm_under_lacwm(capsys):
 def test_arm_overrides_come_before_the_users(capsys):
     cfg, _ = _printed(capsys, ["train", "flexforcing", "debug=tiny", "--arm", "bidirectional_only",
                                "model=flexforcing_tiny", "out_dir=elsewhere"])
-    assert cfg["out_dir"] == "elsewhere" and cfg["model"]["dim"] == 32  # the user's keys win
+    assert cfg["out_dir"] == "elsewhere" and cfg["model"]["head_dim"] == 16  # the user's keys win
     assert cfg["model"]["chunking"] == "one" and cfg["model"]["k_projection"] is False  # the arm's stay
     cfg, recorded = _printed(capsys, ["train", "bc", "--arm", "bc"])  # a single-arm method: its own name
     assert recorded == "bc" and cfg["method"] == "bc"
