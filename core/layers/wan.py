@@ -41,7 +41,8 @@ from torch import nn
 from core.errors import CheckpointError, ConfigError
 from core.layers.kv_cache import KVCache
 
-__all__ = ["ATTENTIONS", "WAN21_1_3B", "CausalWan", "ChunkCausalWanProcessor", "chunk_attention_mask", "chunk_block_mask",
+__all__ = ["ATTENTIONS", "WAN21_1_3B", "CausalWan", "ChunkCausalWanProcessor", "chunk_attention_mask",
+           "chunk_block_mask",
            "load_wan_transformer_weights", "resolve_wan_folder", "wan_parameter_count",
            "wan_transformer_config"]
 
@@ -65,8 +66,10 @@ def wan_transformer_config(num_heads: int, head_dim: int, num_layers: int, ffn_d
 
 
 def resolve_wan_folder(path: str | Path) -> Path:
-    """The folder holding a ``WanTransformer3DModel``'s ``config.json``: ``path`` itself or its ``transformer/``
-    (a diffusers pipeline folder). One-line ``CheckpointError`` otherwise."""
+    """The folder holding a ``WanTransformer3DModel``'s ``config.json``.
+
+    ``path`` itself or its ``transformer/`` (a diffusers pipeline folder); a one-line ``CheckpointError`` otherwise.
+    """
     p = Path(path)
     for cand in (p, p / "transformer"):
         f = cand / "config.json"
@@ -241,6 +244,7 @@ class ChunkCausalWanProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None,
                  **kwargs):
+        """Self-attention of ``attn``; ``rotary_emb`` carries the pass state (Wan's own tables: Wan's attention)."""
         st: _PassState = rotary_emb
         if not isinstance(st, _PassState):  # called from Wan's own forward (e.g. a WanPipeline): Wan's attention
             from diffusers.models.transformers.transformer_wan import WanAttnProcessor
@@ -322,6 +326,7 @@ class CausalWan(nn.Module):
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: dict[str, Any], k_projection: bool = False, attention: str = "auto") -> CausalWan:
+        """A randomly initialised ``WanTransformer3DModel`` of ``config``, wrapped."""
         from diffusers import WanTransformer3DModel
 
         return cls(WanTransformer3DModel(**config), k_projection, attention)
@@ -366,6 +371,7 @@ class CausalWan(nn.Module):
 
     @property
     def blocks(self) -> nn.ModuleList:
+        """Wan's transformer blocks (what checkpointing recomputes and FSDP shards)."""
         return self.transformer.blocks
 
     # -- positions ------------------------------------------------------------------------------------------
