@@ -12,7 +12,6 @@ tests (tests/test_paper_commands.py) check the same for the full CLI runs of Dee
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import typing
 from pathlib import Path
 

@@ -35,8 +35,13 @@ import torch
 from torch import nn
 
 from core.diffusion import add_noise, sample_timesteps
-from core.layers.vae import (build_autoencoder_kl_wan, load_autoencoder_weights, wan_decode, wan_encode,
-                             wan_latent_stats)
+from core.layers.vae import (
+    build_autoencoder_kl_wan,
+    load_autoencoder_weights,
+    wan_decode,
+    wan_encode,
+    wan_latent_stats,
+)
 from core.layers.wan import CausalWan, wan_transformer_config
 from core.pretrained import PreTrainedModel
 from perception.video.chunking import chunk_ids, random_partition

@@ -130,7 +130,6 @@ def pretrain_vae(model, clips, trainer_cfg: TrainerConfig, model_cfg: FlexForcin
 def train(cfg) -> dict[str, Any]:
     """Train Flex-Forcing (or a rigid baseline: ``model.chunking=one`` / ``singletons``) under ``cfg``."""
     from core.bootstrap import prepare_process
-    from core.layers.vae import load_autoencoder_weights
     from core.trainer import Trainer, seed_everything
     from perception.video.modeling_flexforcing import FlexForcingModel
 

@@ -9,8 +9,13 @@ import torch
 
 from core.errors import CheckpointError, ConfigError
 from core.layers.kv_cache import KVCache
-from core.layers.wan import (WAN21_1_3B, CausalWan, chunk_attention_mask, wan_parameter_count,
-                             wan_transformer_config)
+from core.layers.wan import (
+    WAN21_1_3B,
+    CausalWan,
+    chunk_attention_mask,
+    wan_parameter_count,
+    wan_transformer_config,
+)
 
 TINY = wan_transformer_config(num_heads=2, head_dim=12, num_layers=2, ffn_dim=48, in_channels=4, text_dim=16)
 
