@@ -30,6 +30,17 @@ REGIMES = ("bidirectional", "autoregressive", "flex", "chunked")
 ATTENTIONS = ("auto", "sdpa", "flex")
 
 
+def frame_hw(value: Any, key: str) -> tuple[int, int]:
+    """A frame size given as an int (square) or ``[H, W]`` -> (H, W); a one-line ``ConfigError`` naming ``key``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    try:
+        h, w = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be an int or [H, W], got {value!r}") from None
+    return h, w
+
+
 @schema("model", "flexforcing_schema")
 @dataclass
 class FlexForcingConfig:
@@ -148,14 +159,7 @@ class FlexForcingConfig:
     @property
     def frame_hw(self) -> tuple[int, int]:
         """(H, W) of a frame."""
-        fs = self.frame_size
-        if isinstance(fs, int) and not isinstance(fs, bool):
-            return fs, fs
-        try:
-            h, w = (int(v) for v in fs)
-        except (TypeError, ValueError):
-            raise ConfigError(f"model.frame_size must be an int or [H, W], got {fs!r}") from None
-        return h, w
+        return frame_hw(self.frame_size, "model.frame_size")
 
     @property
     def vae_factor(self) -> int:
@@ -245,11 +249,4 @@ class FlexVideoDataConfig:
     def frame_hw(self) -> tuple[int, int]:
         """(H, W) of the clips' frames: ``size`` square, or ``[H, W]`` (the simulator renders squares of the
         longer side; the loader resizes them to (H, W))."""
-        s = self.size
-        if isinstance(s, int) and not isinstance(s, bool):
-            return s, s
-        try:
-            h, w = (int(v) for v in s)
-        except (TypeError, ValueError):
-            raise ConfigError(f"data.size must be an int or [H, W], got {s!r}") from None
-        return h, w
+        return frame_hw(self.size, "data.size")
