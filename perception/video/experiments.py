@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         from perception.video.task import ensure_data
 
         data = to_object(compose(["experiment=flexforcing", *args.overrides]).data)
-        ensure_data(data, "train"), ensure_data(data, "test")  # rendered once, before parallel runs
+        for split in ("train", "test"):  # rendered once, before the parallel runs would race to render them
+            ensure_data(data, split)
         failures = g.run(args.workers)
         if failures:
             return ex.report(failures)

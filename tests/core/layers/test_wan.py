@@ -221,7 +221,7 @@ def test_a_wan_folder_written_by_save_pretrained_loads_with_only_the_k_projectio
     before = _tree_hash(tmp_path / "Wan-tiny")
     model, missing, unexpected = CausalWan.from_pretrained(tmp_path / "Wan-tiny", k_projection=True)
     assert unexpected == [] and missing and all(k.startswith("kproj.") for k in missing)
-    assert len(missing) == 2 * len(TINY and model.blocks)
+    assert len(missing) == 2 * len(model.blocks)  # weight and bias of every block's K-projection
     x, t = _x()
     prompt = torch.zeros(2, 1, 16)
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
