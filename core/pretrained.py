@@ -200,6 +200,17 @@ class PreTrainedModel(nn.Module):
                 out[name] = Path(value)
         return out
 
+    def save_upstream(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """Write sub-folders that the upstream libraries open themselves; return ``{subfolder: how to open it}``.
+
+        Called by ``save_pretrained`` inside the staged export folder (``directory``), after the workspace's own
+        files. A model built on a diffusers / transformers / peft class writes that part with the library's own
+        ``save_pretrained`` (e.g. ``unet/`` for ``UNet2DConditionModel.from_pretrained``, ``adapter/`` for
+        ``peft.PeftModel.from_pretrained``); the card lists the returned entries under ``upstream``. ``state_dict``
+        is the export's weights when they differ from the live module's (an EMA copy). Default: nothing.
+        """
+        return {}
+
     # -- save -------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, card: dict[str, Any] | None = None,
                         run_config: dict[str, Any] | None = None, body: str = "",
@@ -248,6 +259,9 @@ class PreTrainedModel(nn.Module):
             if refs:
                 meta["base"] = dict(refs)
             save_weights(sd, tmp / MODEL_FILE)
+            upstream = self.save_upstream(tmp, state_dict)
+            if upstream:
+                meta["upstream"] = dict(upstream)
             write_json(tmp / CONFIG_FILE, _plain(config))
             write_text(tmp / CARD_FILE, front_matter(meta) + "\n" + (body or title))
         return directory

@@ -318,3 +318,25 @@ def test_training_checkpoints_of_a_model_around_a_base_hold_only_what_it_trains(
     load_checkpoint(tmp_path / "a", loaded)  # the base part comes from the base folder, not the file
     assert torch.equal(loaded.up.weight, straight.up.weight)
     assert _digest(base) == before
+
+
+def test_save_upstream_folders_land_in_the_export_and_the_card(tmp_path):
+    """A model's ``save_upstream`` writes into the staged folder (with the export's weights) and the card lists it."""
+    seen = {}
+
+    class WithUpstream(ToyPretrained):
+        method = "toy"
+
+        def save_upstream(self, directory, state_dict=None):
+            seen["weights"] = state_dict
+            (directory / "net").mkdir()
+            (directory / "net" / "weights.pt").write_bytes(b"x")
+            return {"net": "torch.load(net/weights.pt)"}
+
+    model = WithUpstream(ToyConfig())
+    ema = {k: v + 1 for k, v in model.state_dict().items()}
+    out = model.save_pretrained(tmp_path / "export", state_dict=ema)
+    assert (out / "net" / "weights.pt").read_bytes() == b"x"
+    assert read_card(out)["upstream"] == {"net": "torch.load(net/weights.pt)"}
+    assert seen["weights"] is ema
+    assert torch.equal(WithUpstream.from_pretrained(out).net[0].weight, ema["net.0.weight"])
