@@ -360,6 +360,26 @@ def _cmd_methods(args) -> int:
     return 0
 
 
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help="list the shipped checkpoints and the model folders under FOLDER",
+                       description="The shipped checkpoints (assets/checkpoints) and every model folder found "
+                                   "under each FOLDER (exports, training checkpoints, run directories: their "
+                                   "latest checkpoint), with their model cards' fields: method, parameters, "
+                                   "training domain, data, metrics, base, and the sub-folders the upstream "
+                                   "libraries open. Reads cards, configs and weight headers only; writes nothing. "
+                                   "Exit 1 when a folder's card or config is unreadable (the others are listed).")
+    p.add_argument("folders", nargs="*", metavar="FOLDER", help="folders to search for model folders")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (every card field, unshortened)")
+    p.add_argument("--no-shipped", action="store_true", help="leave out the shipped checkpoints")
+    p.set_defaults(func=_cmd_models, rest_dest="folders")
+
+
+def _cmd_models(args) -> int:
+    from embodied.models import run
+
+    return run(args)
+
+
 def _int_at_least(minimum: int):
     """An argparse ``type`` for an integer >= ``minimum`` (a one-line error otherwise)."""
     want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
@@ -406,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_drive(sub)
     _add_train_eval(sub)
     _add_methods(sub)
+    _add_models(sub)
     _add_exit_codes(parser)
     return parser
 
