@@ -189,12 +189,17 @@ def _require_peft_config(module: nn.Module, adapter_name: str) -> Any:
     return cfg
 
 
-def lora_state_dict(module: nn.Module, adapter_name: str = _DEFAULT) -> dict[str, torch.Tensor]:
-    """Only the adapter weights of ``module`` (peft's ``get_peft_model_state_dict``: ``x.lora_A.weight``)."""
+def lora_state_dict(module: nn.Module, adapter_name: str = _DEFAULT,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Only the adapter weights of ``module`` (peft's ``get_peft_model_state_dict``: ``x.lora_A.weight``).
+
+    ``state_dict``: take the values from this state dict of ``module`` (its own key names, e.g. an EMA copy's)
+    instead of the live parameters.
+    """
     from peft.utils import get_peft_model_state_dict
 
     _require_peft_config(module, adapter_name)
-    return get_peft_model_state_dict(module, adapter_name=adapter_name)
+    return get_peft_model_state_dict(module, state_dict=state_dict, adapter_name=adapter_name)
 
 
 def load_lora_state_dict(module: nn.Module, state: dict[str, torch.Tensor],
@@ -217,10 +222,13 @@ def load_lora_state_dict(module: nn.Module, state: dict[str, torch.Tensor],
     set_peft_model_state_dict(module, state, adapter_name=adapter_name)
 
 
-def save_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEFAULT) -> Path:
+def save_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEFAULT,
+              state_dict: dict[str, torch.Tensor] | None = None, base_model: str | None = None) -> Path:
     """Write the adapter alone in peft's layout: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
     ``peft.PeftModel.from_pretrained(<the un-adapted model>, directory)`` loads it; so does ``load_lora``.
+    ``state_dict``: values to write instead of the live ones (``lora_state_dict``); ``base_model``: recorded as
+    the config's ``base_model_name_or_path`` (the folder the adapter goes on; documentation for peft's loaders).
     """
     from core.checkpoint import save_weights
     from core.io import write_text
@@ -228,9 +236,12 @@ def save_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEF
     cfg = _require_peft_config(module, adapter_name)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {_PEFT_PREFIX + k: v for k, v in lora_state_dict(module, adapter_name).items()}
+    state = {_PEFT_PREFIX + k: v for k, v in lora_state_dict(module, adapter_name, state_dict).items()}
     save_weights(state, directory / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
-    config = json.dumps(cfg.to_dict(), indent=2, sort_keys=True, default=list)
+    fields = cfg.to_dict()
+    if base_model is not None:
+        fields["base_model_name_or_path"] = base_model
+    config = json.dumps(fields, indent=2, sort_keys=True, default=list)
     write_text(directory / ADAPTER_CONFIG_FILE, config + "\n")
     return directory
 

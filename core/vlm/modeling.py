@@ -288,18 +288,19 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 # -- folders -----------------------------------------------------------------------------------------------------
 def save_vlm(folder: str | Path, model: nn.Module, tokenizer: Any, spec: PatchSpec | None = None,
-             extra_files: dict[str, str] | None = None) -> Path:
+             extra_files: dict[str, str] | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` + ``tokenizer`` (+ the image processor) as one ``from_pretrained`` folder, atomically.
 
     The folder is written as a temporary sibling renamed into place; a previous folder is replaced only once the
-    new one is complete.
+    new one is complete. ``state_dict``: weights to write instead of the live ones (``model``'s own key names,
+    e.g. an EMA copy's; transformers' ``save_pretrained(state_dict=...)``).
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for everyone
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         if spec is not None:
             image_processor(spec).save_pretrained(tmp)
