@@ -5,6 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# lerobot, for tests and benchmarks only (tests/core/data/test_lerobot.py reads our exports with its
+# LeRobotDataset): it pins torch<2.11 / diffusers<0.36, so it goes --no-deps into a side folder that only those
+# tests put on sys.path, with the pure-python pieces its dataset reader imports that the pinned set lacks.
+# datasets 5.2 (lerobot asks <5; 4.x does not resolve beside huggingface-hub 2.x) reads v3 folders as lerobot
+# expects; everything else it imports (pyarrow, av, pandas, huggingface-hub, torchvision ...) is the pinned set's.
+SIDE_LEROBOT := $(VENV)/side-lerobot
+SIDE_LEROBOT_STAMP := $(SIDE_LEROBOT)/.installed
+SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
 # Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
 # real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas).
 DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data
@@ -25,7 +33,7 @@ help:
 	@echo "make bench  - set up, then run every benchmark with --quick (JSON in benchmarks/results/)"
 	@echo "make lint   - ruff"
 
-setup: $(STAMP)
+setup: $(STAMP) $(SIDE_LEROBOT_STAMP)
 
 # System packages: installed only when missing (CI runs as root; elsewhere sudo is tried).
 .deb-check:
@@ -45,6 +53,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt | $(PY)
 	@$(MAKE) --no-print-directory .deb-check
 	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+
+$(SIDE_LEROBOT_STAMP): Makefile | $(STAMP)
+	rm -rf $(SIDE_LEROBOT)
+	$(PY) -m pip install -q --no-deps --target $(SIDE_LEROBOT) $(SIDE_LEROBOT_PKGS)
+	@touch $(SIDE_LEROBOT_STAMP)
 
 demo: setup
 	$(VENV)/bin/embodied demo --out outputs/demo --overwrite

@@ -16,7 +16,7 @@ DATASET_KINDS = ("normals", "panoramas", "videos")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add ``list``, ``rollout`` and ``make-dataset`` sub-commands to the ``sim`` parser."""
+    """Add ``list``, ``rollout``, ``make-dataset`` and ``export-lerobot`` sub-commands to the ``sim`` parser."""
     sub = parser.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("list", help="registered environments with family, embodiment, task, action dim")
@@ -61,6 +61,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="render views in this many processes (normals, panoramas; same files as 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     p.set_defaults(func=cmd_make_dataset)
+
+    p = sub.add_parser(
+        "export-lerobot",
+        help="convert recorded HDF5 trajectories into a LeRobot v3 dataset folder (Parquet + MP4)",
+        description="Convert HDF5 trajectory files (manipulation suite, LIBERO, driving, robomimic) into one "
+                    "LeRobot v3 dataset folder that lerobot's LeRobotDataset and `embodied train` read.",
+    )
+    p.add_argument("inputs", nargs="+", type=Path, metavar="IN.hdf5", help="trajectory files (read-only)")
+    p.add_argument("--out", type=Path, required=True, help="output dataset folder")
+    p.add_argument("--fps", type=int, default=20, help="recording frame rate (timestamps, video rate)")
+    p.add_argument("--state-keys", default=None,
+                   help="comma-separated low-dim obs keys concatenated into observation.state "
+                        "(default: proprio, else every low-dim key)")
+    p.add_argument("--crf", type=int, default=None, help="H.264 constant rate factor (default 18; 0 with "
+                                                          "--lossless)")
+    p.add_argument("--lossless", action="store_true", help="lossless RGB H.264 (libx264rgb, rgb24, crf 0)")
+    p.add_argument("--episodes-per-file", type=int, default=None,
+                   help="start new data / video files every N episodes (default: one file per kind)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
+    p.set_defaults(func=cmd_export_lerobot)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -208,4 +228,28 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
           view_progress(args.n, f"make-dataset {args.kind}")):
         module.make_dataset(out, args.n, seed=args.seed, size=args.size, **extra)
     print(f"{args.kind}: {args.n} samples{' from ' + args.source if args.source else ''} -> {args.out}")
+    return 0
+
+
+def cmd_export_lerobot(args: argparse.Namespace) -> int:
+    """Export HDF5 trajectories to a LeRobot v3 folder (``core.data.lerobot.export_lerobot``)."""
+    from core.data.lerobot import VideoOptions, check_not_input, export_lerobot
+    from core.outputs import claim_output
+
+    if args.fps < 1:
+        raise ConfigError(f"--fps: must be >= 1, got {args.fps}")
+    if args.episodes_per_file is not None and args.episodes_per_file < 1:
+        raise ConfigError(f"--episodes-per-file: must be >= 1, got {args.episodes_per_file}")
+    if args.crf is not None and not 0 <= args.crf <= 51:
+        raise ConfigError(f"--crf: must be in 0..51, got {args.crf}")
+    video = VideoOptions("libx264rgb", "rgb24", 0) if args.lossless else VideoOptions()
+    if args.crf is not None:
+        video = VideoOptions(video.vcodec, video.pix_fmt, args.crf, video.gop)
+    state_keys = [k for k in args.state_keys.split(",") if k] if args.state_keys else None
+    check_not_input(args.inputs, args.out)
+    with claim_output(args.out, command="sim export-lerobot", overwrite=args.overwrite) as out:
+        s = export_lerobot(args.inputs, out, fps=args.fps, state_keys=state_keys, video=video,
+                           episodes_per_file=args.episodes_per_file, in_place=True)
+    print(f"LeRobot v3: {s['episodes']} episodes, {s['frames']} frames at {s['fps']} fps, {len(s['tasks'])} task(s), "
+          f"video {video.vcodec}/{video.pix_fmt} crf {video.crf} -> {args.out}")
     return 0

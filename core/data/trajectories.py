@@ -31,6 +31,9 @@ Reader API::
         f.episode("demo_0")          # {"obs/agentview_rgb": (T,H,W,3) uint8, "actions": (T,A), ...}
         f.attrs("demo_0"), f.env_meta, f.language_instruction, f.filter_keys
 
+``TrajectoryDataset`` also reads LeRobot v3 dataset folders (a path that is a directory holding
+``meta/info.json``; ``core.data.lerobot``) with the same windows: ``open_trajectories`` picks the reader.
+
 Dataset sample (``TrajectoryDataset[i]``), for a window anchored at step ``t`` of one episode:
     ``obs.<key>``        (frame_stack, 3, H, W) uint8 for image keys (steps t-frame_stack+1 .. t, the first
                          frame repeated before the episode start), (frame_stack, D) float32 otherwise
@@ -74,6 +77,7 @@ __all__ = [
     "TrajectoryFile",
     "TrajectoryWriter",
     "is_image_key",
+    "open_trajectories",
 ]
 
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
@@ -497,6 +501,27 @@ class TrajectoryFile:
         return f"TrajectoryFile({str(self.path)!r}, episodes={len(self.episodes)})"
 
 
+def open_trajectories(path: str | os.PathLike, chunk_cache_bytes: int | None = None) -> Any:
+    """Open trajectories for reading: an HDF5 file as ``TrajectoryFile``, a folder as a LeRobot v3 dataset.
+
+    Both offer the interface ``TrajectoryDataset`` uses (episodes, attrs, obs_keys, read, group-like ``_group``
+    whose entries have ``shape`` / ``dtype`` / slicing); ``core.data.lerobot.LeRobotFile`` documents the folder.
+
+    Raises:
+        DataError: Missing, or not a trajectory file / LeRobot folder.
+    """
+    if Path(path).is_dir():
+        from core.data.lerobot import LeRobotFile
+
+        return LeRobotFile(path)
+    return TrajectoryFile(path, chunk_cache_bytes=chunk_cache_bytes)
+
+
+def _is_array(x: Any) -> bool:
+    """Whether an entry of an episode group is an array (an h5py dataset or a LeRobot column), not a group."""
+    return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 # --------------------------------------------------------------------------------------------- dataset
 @dataclass(frozen=True)
 class EpisodeInfo:
@@ -683,7 +708,7 @@ class TrajectoryDataset(Dataset):
         return np.arange(0, last + 1, self.stride, dtype=np.int64) if last >= 0 else np.zeros(0, np.int64)
 
     def _index_file(self, path: Path) -> list[tuple[EpisodeInfo | None, dict | None, DataError | None]]:
-        with TrajectoryFile(path) as f:
+        with open_trajectories(path) as f:
             names = f.episodes
             if self.filter_key is not None:
                 fk = f.filter_keys
@@ -711,7 +736,7 @@ class TrajectoryDataset(Dataset):
         ``"dones"`` to whether the episode has them.
         """
         grp = f._group(name)
-        if not isinstance(grp.get("actions"), h5py.Dataset):
+        if not _is_array(grp.get("actions")):
             raise DataError(f.path, f"{name}: no 'actions' dataset (wrong layout)")
         act = grp["actions"]
         if act.ndim not in (1, 2):
@@ -725,7 +750,7 @@ class TrajectoryDataset(Dataset):
         layout: dict[str, Any] = {}
         for key in self.obs_keys:
             ds = grp.get(f"obs/{key}")
-            if not isinstance(ds, h5py.Dataset):
+            if not _is_array(ds):
                 raise DataError(f.path, f"{name}: no observation {key!r} (has {obs_keys})")
             if ds.shape[0] != T:
                 raise DataError(f.path, f"{name}: obs/{key} has {ds.shape[0]} steps, actions has {T}")
@@ -735,7 +760,7 @@ class TrajectoryDataset(Dataset):
             layout[f"obs/{key}"] = (tuple(ds.shape[1:]), np.dtype(ds.dtype), image)
         for key in ("rewards", "dones"):
             ds = grp.get(key)
-            if isinstance(ds, h5py.Dataset) and ds.shape[0] != T:
+            if _is_array(ds) and ds.shape[0] != T:
                 raise DataError(f.path, f"{name}: {key} has {ds.shape[0]} steps, actions has {T}")
             layout[key] = key in grp
         attrs = f.attrs(name)
@@ -824,7 +849,7 @@ class TrajectoryDataset(Dataset):
         for ei, fi in enumerate(self._file_index):
             by_file.setdefault(fi, []).append(ei)
         for fi, eis in by_file.items():
-            with TrajectoryFile(self.paths[fi]) as f:
+            with open_trajectories(self.paths[fi]) as f:
                 bottom_up = f.bottom_up_images
                 for ei in eis:
                     grp, T = f._group(self.episodes[ei].name), self.episodes[ei].length
@@ -890,7 +915,7 @@ class TrajectoryDataset(Dataset):
         fi = self._file_index[ei]
         f = self._handles.get(fi)
         if f is None:
-            f = self._handles[fi] = TrajectoryFile(self.paths[fi], chunk_cache_bytes=self._chunk_cache_bytes)
+            f = self._handles[fi] = open_trajectories(self.paths[fi], chunk_cache_bytes=self._chunk_cache_bytes)
         return f
 
     def _datasets(self, ei: int) -> dict[str, tuple[h5py.Dataset | None, bool]]:
@@ -904,7 +929,7 @@ class TrajectoryDataset(Dataset):
             for name in self._names:
                 if name not in self._mem:
                     ds = grp.get(name)
-                    if not isinstance(ds, h5py.Dataset) and name.startswith("obs/"):
+                    if not _is_array(ds) and name.startswith("obs/"):
                         raise DataError(f.path, f"{self.episodes[ei].name}: no dataset {name!r}")
                     got[name] = (ds, self._flips(name, ei, bottom_up))
             self._episode_ds[ei] = got

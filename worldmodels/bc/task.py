@@ -66,14 +66,12 @@ def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
 
 
 def recorded_camera(path: Path) -> str | None:
-    """The camera a file was recorded with (``env_args.env_kwargs.camera``; None: the env's default)."""
-    import json
+    """The camera a file (or LeRobot folder) was recorded with (``env_args.env_kwargs.camera``; None: default)."""
+    from core.data.trajectories import open_trajectories
 
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        env_args = f["data"].attrs.get("env_args", "{}")
-    return json.loads(env_args).get("env_kwargs", {}).get("camera") if isinstance(env_args, str) else None
+    with open_trajectories(path) as f:
+        kwargs = f.env_meta.get("env_kwargs")
+    return kwargs.get("camera") if isinstance(kwargs, dict) else None
 
 
 def check_camera(paths: list[Path], env: EnvConfig) -> None:
@@ -90,11 +88,11 @@ def check_camera(paths: list[Path], env: EnvConfig) -> None:
 
 def normalization_stats(paths: list[Path], proprio_key: str) -> dict[str, np.ndarray]:
     """Per-dim mean / std of actions and proprio over every step of every episode."""
-    from core.data.trajectories import TrajectoryFile
+    from core.data.trajectories import open_trajectories
 
     actions, proprio = [], []
     for p in paths:
-        with TrajectoryFile(p) as f:
+        with open_trajectories(p) as f:
             for name in f.episodes:
                 ep = f.episode(name, keys=["actions", f"obs/{proprio_key}"])
                 actions.append(ep["actions"])

@@ -273,12 +273,12 @@ class TransitionDataset(Dataset):
         return len(self.indices)
 
     def _read_actions(self, ei: int, t0: int, t1: int) -> np.ndarray:
-        from core.data.trajectories import TrajectoryFile
+        from core.data.trajectories import open_trajectories
 
         info = self.base.episodes[ei]
         f = self._files.get(info.path)
         if f is None:
-            f = self._files[info.path] = TrajectoryFile(info.path)
+            f = self._files[info.path] = open_trajectories(info.path)  # an HDF5 file or a LeRobot folder
         return np.asarray(f.read(info.name, "actions", np.s_[t0:t1]), dtype=np.float32).reshape(t1 - t0, -1)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
