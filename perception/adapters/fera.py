@@ -24,6 +24,12 @@ Save / load: ``save_fera(model, DIR)`` writes ``fera_config.json`` + ``adapter_m
 and router tensors only, atomically); ``load_fera(model, DIR)`` injects (if needed) and loads them strictly.
 ``disable_fera(model)`` is a context manager for the base pass (FECL's); ``merge_fera(model, routing)`` folds
 the experts into the base weights for a fixed routing vector (routing is then frozen; ``unmerge_fera`` undoes).
+
+peft has no routed-expert layer, so a FeRA adapter with input-dependent routing is not a peft adapter. Under a
+frozen routing vector ``r`` it is exactly one: a rank-``E*r`` LoRA per layer with ``A' = A`` and
+``B' = scale * B diag(r (x) 1_r)``; ``fera_to_peft(model, DIR, routing)`` writes that folder
+(``adapter_config.json`` + ``adapter_model.safetensors``) for ``peft.PeftModel.from_pretrained(<the un-adapted
+model>, DIR)``.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ __all__ = [
     "fera_layers",
     "fera_parameters",
     "fera_state_dict",
+    "fera_to_peft",
     "fixed_routing",
     "load_fera",
     "merge_fera",
@@ -438,3 +445,60 @@ def unmerge_fera(model: nn.Module) -> nn.Module:
                 layer.base_layer.weight -= layer.delta_weight(router.fixed.to(layer.lora_A.device))
                 layer.merged = False
     return model
+
+
+def fera_to_peft(model: nn.Module, directory: str | Path, routing: torch.Tensor | Sequence[float] | None = None,
+                 base_model: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write the FeRA adapter of ``model`` under a frozen routing vector as a peft LoRA folder.
+
+    Each adapted linear ``<layer>`` (a ``FeRALinear``) becomes peft's ``lora_A`` ``(E*r, in)`` = the stacked
+    experts' ``A`` and ``lora_B`` ``(out, E*r)`` = ``scale * B * (r (x) 1_r)``, with ``r = lora_alpha = E*r`` (peft's
+    scaling 1), so ``PeftModel.from_pretrained(<the un-adapted model>, directory)`` computes
+    ``W x + scale * sum_e r_e B_e A_e x``: ``model`` with ``fixed_routing(model, routing)``. Keys are peft's
+    (``base_model.model.<layer>.lora_A.weight``); ``target_modules`` lists the adapted layers by full name.
+
+    Args:
+        model: A model with ``apply_fera`` (not merged).
+        directory: The folder to write (created; the two files are written atomically).
+        routing: ``(E,)`` weights; default the routing already fixed on ``model``, or ``1 / E`` each for a
+            ``routing="uniform"`` adapter. An input-dependent (soft) router without a vector is a ``ConfigError``.
+        base_model: Recorded as ``base_model_name_or_path`` (documentation for peft's loaders).
+        state_dict: The experts' values to write (``<layer>.lora_A`` / ``.lora_B`` in ``model``'s naming, e.g. an
+            EMA copy's) instead of the live ones.
+    """
+    from peft import LoraConfig
+
+    from core.checkpoint import save_weights
+    from core.io import write_text
+
+    router = router_of(model)
+    config = router.config
+    e, r = config.num_experts, config.rank
+    if routing is None:
+        routing = router.fixed
+    if routing is None and config.routing == "uniform":
+        routing = [1.0 / e] * e
+    if routing is None:
+        raise ConfigError("FeRA -> peft: the router is input-dependent; give a frozen routing vector (E,) "
+                          "(peft has no routed-expert layer)")
+    rvec = torch.as_tensor(routing, dtype=torch.float32)
+    if rvec.shape != (e,):
+        raise ValueError(f"routing must have shape ({e},), got {tuple(rvec.shape)}")
+    layers = list(fera_layers(model))
+    if any(layer.merged for _, layer in layers):
+        raise ConfigError("FeRA: unmerge the adapter before exporting it (the base weights hold the update)")
+    state = {}
+    for name, layer in layers:
+        a = (state_dict or {}).get(f"{name}.lora_A", layer.lora_A).detach()
+        b = (state_dict or {}).get(f"{name}.lora_B", layer.lora_B).detach()
+        rr = rvec.to(b.device, b.dtype).repeat_interleave(r)
+        state[f"base_model.model.{name}.lora_A.weight"] = a.clone().contiguous()
+        state[f"base_model.model.{name}.lora_B.weight"] = (layer.scale * b * rr).contiguous()
+    peft_config = LoraConfig(r=e * r, lora_alpha=e * r, target_modules=[n for n, _ in layers], lora_dropout=0.0,
+                             bias="none", base_model_name_or_path=base_model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(state, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    fields = peft_config.to_dict()
+    write_text(directory / "adapter_config.json", json.dumps(fields, indent=2, sort_keys=True, default=list) + "\n")
+    return directory

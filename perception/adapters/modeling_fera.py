@@ -15,8 +15,13 @@ references the base (``base_fields = ("base_path",)``)::
                         ``.lora_magnitude_vector.default.weight``)
     config.json         {"method": "fera", "model": {"base_path": <the base folder>, "adapter": {the arm}},
                          "base_model": {the base's architecture and pretraining settings}, ... the run config}
-    README.md           model card
+    README.md           model card (its ``upstream`` field says what peft opens, see ``save_upstream``)
     base/               the base denoiser folder, in a self-contained export (``copy_base=True``)
+    adapter/            the arm as a peft LoRA / DoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``)
+                        for ``peft.PeftModel.from_pretrained(<the base's diffusers backbone>, DIR/adapter)``: the
+                        ``lora`` / ``dora`` arms, and FeRA with ``routing="uniform"`` (a frozen routing vector is
+                        a rank-``E*r`` LoRA, ``fera.fera_to_peft``). Soft-routed FeRA has no peft equivalent
+                        (its routing depends on the input), so its export has no ``adapter/``.
 
 ``AdaptedDenoiser.from_pretrained(DIR)`` / ``core.pretrained.load_pretrained(DIR)`` rebuild it around the base
 and require exactly those tensors. The library's own adapter folders (``save_fera``: ``fera_config.json`` +
@@ -154,6 +159,33 @@ class AdaptedDenoiser(PreTrainedModel):
             raise CheckpointError(f"{directory}: model.base_path is empty, so the adapter folder could not name "
                                   "its base (build the model with the base's folder)")
         return super().save_pretrained(directory, *args, **kwargs)
+
+    def save_upstream(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """Write ``adapter/``, the arm in peft's layout, when peft can express it (module docstring); the card's
+        ``upstream`` field says how to open it, or why there is no such folder (soft-routed FeRA).
+
+        ``state_dict`` (the export's weights, in this model's naming) is written when given.
+        """
+        from core.layers.lora import save_lora
+        from perception.adapters.fera import fera_to_peft
+
+        backbone = self.denoiser.backbone
+        prefix = "denoiser.backbone."
+        sub = None if state_dict is None else {k[len(prefix):]: v for k, v in state_dict.items()
+                                               if k.startswith(prefix)}
+        how = (f"peft.PeftModel.from_pretrained(<the base's {type(backbone).__name__}, un-adapted>, DIR/adapter) "
+               "(a diffusers base: its unet/ or transformer/; the pixel base: load_denoiser(base).backbone)")
+        if self.fera is None:
+            save_lora(backbone, directory / "adapter", state_dict=sub)
+            return {"adapter": how}
+        if self.fera.routing == "uniform":
+            fera_to_peft(backbone, directory / "adapter", state_dict=sub)
+            return {"adapter": how + f"; FeRA's {self.fera.num_experts} experts at 1/E each as one rank-"
+                                     f"{self.fera.num_experts * self.fera.rank} LoRA"}
+        return {"model.safetensors": "FeRA's routed experts (<layer>.lora_A (E*r, in), <layer>.lora_B (out, E*r)) "
+                                     "and router (fera_router.mlp.*): no peft equivalent (input-dependent routing); "
+                                     "under a frozen routing vector perception.adapters.fera.fera_to_peft writes "
+                                     "a peft LoRA folder"}
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Predicted velocity ``eps - x0`` of the adapted base (``FlowDenoiser.forward``)."""

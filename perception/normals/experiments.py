@@ -27,7 +27,8 @@ Arms: TransNormal's registered arms (``perception/normals/register.py``), the me
 ``none`` one learned null token, ``diffusion`` the multi-step baseline (same UNet, 10 DDIM steps, with the
 pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or the wavelet loss switched off.
 
-``ship RUN`` copies a run's checkpoint into ``assets/checkpoints/transnormal`` (self-contained: see ``ship``).
+``ship RUN`` exports a run's checkpoint into ``assets/checkpoints/transnormal`` (self-contained, with the
+``unet/`` and ``vae/`` diffusers opens: see ``ship``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from core import experiments as ex
-from core.io import read_json, write_text
+from core.io import read_json
 
 TEST_SETS = {  # name -> (data.root, data.render_source); both rendered n 320, seed 0, 64 px, 32 spp
     "procedural": ("outputs/datasets/transnormal_procedural", "procedural"),
@@ -186,38 +187,61 @@ def glass(args) -> dict[str, Any]:
     return summary
 
 
+#: Card fields ``save_pretrained`` writes itself (not carried over from the destination's card).
+_CORE_CARD_KEYS = ("method", "model_class", "parameters", "weights", "upstream", "base")
+
+
 def ship(args) -> dict[str, Any]:
-    """Copy a run's checkpoint into ``--dst`` as a self-contained checkpoint: the VAE's weights are in
-    ``model.safetensors``, so ``model.vae_path`` (the study's shared stage-1 folder, not shipped) becomes null and
-    ``scaling_factor`` the stored latent scale; the copy must predict exactly what the run's checkpoint does."""
-    import json
+    """Export a run's checkpoint into ``--dst`` as a self-contained folder (``save_pretrained``: ``unet/`` and
+    ``vae/`` that diffusers opens + ``model.safetensors`` with the rest, see ``modeling_transnormal``).
+
+    The VAE's weights are in the export, so ``model.vae_path`` (the study's shared stage-1 folder, not shipped)
+    becomes null and ``scaling_factor`` the stored latent scale; the export must predict exactly what the run's
+    checkpoint does. The destination's model card (fields and text) is kept; its ``domain.safetensors`` is kept
+    only when the destination already held these very weights (a re-export in a new layout:
+    ``ship assets/checkpoints/transnormal``), else it is dropped (recalibrate with ``calibrate_domain``).
+    """
+    import dataclasses
     import shutil
+    import tempfile
 
     import torch
-    from safetensors.torch import load_file
 
     from core.checkpoint import resolve_checkpoint
     from core.errors import CheckpointError
+    from core.pretrained import card_body, read_card, read_config
+    from perception.normals.modeling_transnormal import TransNormalModel
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
     src, dst = resolve_checkpoint(args.run), Path(args.dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["model"]["vae_path"] = None
-    cfg["model"]["scaling_factor"] = float(load_file(src / "model.safetensors")["latent_scale"])
-    cfg["data"]["render_workers"] = 1
-    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
-    write_text(dst / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    (dst / "domain.safetensors").unlink(missing_ok=True)  # belongs to the previous weights: recalibrate
-    size = int(cfg["data"].get("render_size", 64))
+    cfg = read_config(src)
+    model = TransNormalModel.from_pretrained(src)
+    model.config = dataclasses.replace(model.config, vae_path=None, scaling_factor=float(model.latent_scale))
+    run_config = {k: v for k, v in cfg.items() if k not in ("method", "model")}
+    run_config.setdefault("data", {})["render_workers"] = 1
+    size = int(run_config["data"].get("render_size", 64))
     x = torch.randint(0, 256, (2, 3, size, size), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    diff = float((TransNormalPipeline.from_pretrained(src)(x).normals
-                  - TransNormalPipeline.from_pretrained(dst)(x).normals).abs().max())
+    want = TransNormalPipeline(model)(x).normals
+    card = {k: v for k, v in read_card(dst).items() if k not in _CORE_CARD_KEYS}
+    body = card_body(dst)
+    same = False
+    if (dst / "config.json").is_file() and (dst / "domain.safetensors").is_file():
+        try:
+            same = bool(torch.equal(TransNormalPipeline.from_pretrained(dst)(x).normals, want))
+        except CheckpointError:
+            same = False
+    with tempfile.TemporaryDirectory() as keep:
+        if same:
+            shutil.copy(dst / "domain.safetensors", Path(keep) / "domain.safetensors")
+        model.save_pretrained(dst, card=card, run_config=run_config, body=body)
+        if same:
+            shutil.copy(Path(keep) / "domain.safetensors", dst / "domain.safetensors")
+    diff = float((want - TransNormalPipeline.from_pretrained(dst)(x).normals).abs().max())
     if diff != 0.0:
         raise CheckpointError(f"{dst}: predictions differ from {src} by {diff}")
-    print(f"{src} -> {dst} (latent scale {cfg['model']['scaling_factor']:.4f}, identical predictions); now run "
-          "calibrate_domain")
-    return {"src": str(src), "dst": str(dst)}
+    print(f"{src} -> {dst} (latent scale {model.config.scaling_factor:.4f}, identical predictions; unet/ and vae/ "
+          f"open with diffusers); " + ("domain check kept (same weights)" if same else "now run calibrate_domain"))
+    return {"src": str(src), "dst": str(dst), "domain_kept": same}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -237,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g.add_argument("--n", type=int, default=480, help="views to render (the last 20 %% are the test split)")
     g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
     g.set_defaults(func=glass)
-    sh = sub.add_parser("ship", help="copy a run's checkpoint into assets/ as a self-contained checkpoint")
+    sh = sub.add_parser("ship", help="export a run's checkpoint into assets/ as a self-contained folder")
     sh.add_argument("run", help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")
     sh.add_argument("--dst", default="assets/checkpoints/transnormal")
     sh.set_defaults(func=ship)

@@ -19,6 +19,13 @@ the synthetic RGB + normal maps by ``task.train`` (stage 1) and DINOv3 is a froz
 ``dino_path`` points at real weights. ``mode="diffusion"`` turns the same UNet into the Marigold-style
 multi-step baseline (RGB latent concatenated to a noisy normal latent, v-prediction, DDIM sampling in
 ``pipeline_transnormal``); the paper compares against Marigold-family models instead of retraining one.
+
+Exported folder (``save_pretrained``): the UNet and the VAE are written by diffusers' own ``save_pretrained``
+into ``unet/`` and ``vae/`` (``config.json`` + ``diffusion_pytorch_model.safetensors``), which
+``UNet2DConditionModel.from_pretrained`` / ``AutoencoderKL.from_pretrained`` open; ``model.safetensors`` keeps
+only what diffusers has no class for (the projector, DINOv3 or the null token, ``latent_scale``), so no tensor
+is stored twice. ``vae/config.json``'s ``scaling_factor`` is the model's ``latent_scale``. Training checkpoints
+keep every tensor in ``model.safetensors``; ``from_pretrained`` reads both layouts.
 """
 
 from __future__ import annotations
@@ -31,11 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.checkpoint import load_into, load_weights
+from core.checkpoint import MODEL_FILE, load_into, load_weights, resolve_checkpoint, save_weights
 from core.errors import CheckpointError, ConfigError
 from core.layers.vae import build_autoencoder_kl, load_autoencoder_weights
 from core.logging import get_logger
-from core.pretrained import PreTrainedModel
+from core.pretrained import PreTrainedModel, weights_file
 from perception.normals.configuration_transnormal import TransNormalConfig
 from perception.normals.losses import latent_valid_mask, masked_mse, wavelet_loss
 
@@ -48,6 +55,8 @@ TASKS = ("normals", "rgb")
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
 _DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+#: The parts of an export that diffusers opens: ``(attribute = sub-folder, diffusers class)``.
+UPSTREAM_PARTS = (("unet", "UNet2DConditionModel"), ("vae", "AutoencoderKL"))
 
 
 def task_embedding(task: str | list[str], batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -71,6 +80,31 @@ def _diffusers_weights(folder: Path) -> Path:
             return folder / name
     raise CheckpointError(f"{folder}: no {' or '.join(_DIFFUSERS_WEIGHTS)} (a diffusers model folder with "
                           "safetensors weights is expected)")
+
+
+def read_diffusers_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a diffusers model folder: one safetensors file, or the shards its
+    ``diffusion_pytorch_model.safetensors.index.json`` lists."""
+    index = folder / "diffusion_pytorch_model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors shard index ({e})") from None
+        sd: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            sd.update(load_weights(folder / shard))
+        return sd
+    return load_weights(_diffusers_weights(folder))
+
+
+def _match_mode(folder: Path, like: Path) -> None:
+    """Give the files diffusers wrote into ``folder`` the mode of ``like`` (diffusers stages them as 0600 files;
+    0644 when ``like`` is missing)."""
+    mode = like.stat().st_mode & 0o777 if like.is_file() else 0o644
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(mode)
 
 
 def _check_report(report: dict[str, list[str]], source: str, allowed_missing: tuple[str, ...] = ()) -> None:
@@ -131,19 +165,34 @@ def build_unet(config: TransNormalConfig):
     return unet
 
 
+def _vae_source(path: str | Path | None) -> str | Path | None:
+    """``path``, or its ``vae/`` when ``path`` is a TransNormal export (its VAE lives in that diffusers folder)."""
+    if path is None:
+        return None
+    folder = Path(path)
+    if (folder / "vae" / "config.json").is_file() and (folder / "config.json").is_file():
+        try:
+            own = json.loads((folder / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return path
+        if isinstance(own, dict) and "_class_name" not in own:  # the workspace's config, not a diffusers one
+            return folder / "vae"
+    return path
+
+
 def build_vae(config: TransNormalConfig):
-    """The VAE from ``config`` sizes, or the architecture of a diffusers folder ``config.vae_path`` (weights are
-    loaded by ``load_vae``); ``core.layers.vae.build_autoencoder_kl``."""
+    """The VAE from ``config`` sizes, or the architecture of a diffusers folder ``config.vae_path`` (a
+    TransNormal export: its ``vae/``; weights are loaded by ``load_vae``); ``core.layers.vae.build_autoencoder_kl``."""
     return build_autoencoder_kl(config.vae_block_out_channels, config.latent_channels, config.vae_layers_per_block,
-                                config.vae_norm_num_groups, config.image_size, config.vae_path,
+                                config.vae_norm_num_groups, config.image_size, _vae_source(config.vae_path),
                                 scaling_factor=config.scaling_factor)
 
 
 def load_vae(vae: nn.Module, path: str | Path) -> float | None:
-    """Load VAE weights from a diffusers folder or a project checkpoint directory (``vae.*`` keys); returns the
-    latent scale the source states (diffusers ``scaling_factor``; the VAE stage's measured ``1 / latent_std``),
-    or None. ``core.layers.vae.load_autoencoder_weights``."""
-    return load_autoencoder_weights(vae, path)
+    """Load VAE weights from a diffusers folder (a TransNormal export: its ``vae/``) or a project checkpoint
+    directory (``vae.*`` keys); returns the latent scale the source states (diffusers ``scaling_factor``; the VAE
+    stage's measured ``1 / latent_std``), or None. ``core.layers.vae.load_autoencoder_weights``."""
+    return load_autoencoder_weights(vae, _vae_source(path))
 
 
 def build_dino(config: TransNormalConfig) -> nn.Module:
@@ -283,6 +332,84 @@ class TransNormalModel(PreTrainedModel):
                 raise CheckpointError(f"model.{key}={value!r} does not exist; the checkpoint's {key[:-5]} architecture "
                                       f"comes from it (restore the folder, or override model.{key})")
         return cls(config)
+
+    # -- the export's diffusers folders -------------------------------------------------------------
+    def save_upstream(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """Write ``unet/`` and ``vae/`` with diffusers' own ``save_pretrained`` and keep the rest in
+        ``model.safetensors`` (called by ``save_pretrained`` in the staged folder).
+
+        The folders hold ``state_dict``'s tensors when given (an EMA export), else the live module's, as saved
+        (dtype unchanged). Each is written from a twin built on the meta device around those very tensors
+        (``load_state_dict(assign=True)``), so nothing is copied in memory. ``vae/config.json``'s
+        ``scaling_factor`` is the model's ``latent_scale``, so a diffusers user scales latents as this model does.
+        """
+        sd = dict(state_dict) if state_dict is not None else self.state_dict()
+        entries = {}
+        for name, class_name in UPSTREAM_PARTS:
+            module = getattr(self, name)
+            part = {k[len(name) + 1:]: v for k, v in sd.items() if k.startswith(name + ".")}
+            config = dict(module.config)
+            if name == "vae":
+                config["scaling_factor"] = float(sd.get("latent_scale", self.latent_scale))
+            with torch.device("meta"):
+                twin = type(module).from_config(config)
+            twin.load_state_dict(part, strict=True, assign=True)
+            twin.save_pretrained(directory / name)
+            _match_mode(directory / name, directory / MODEL_FILE)  # written by save_pretrained just before
+            entries[name] = f"diffusers.{class_name}.from_pretrained(DIR/{name})"
+        rest = {k: v for k, v in sd.items() if not k.startswith(tuple(n + "." for n, _ in UPSTREAM_PARTS))}
+        save_weights(rest, directory / MODEL_FILE)  # the tensors diffusers has no class for (no duplicates)
+        entries[MODEL_FILE] = ("the rest (" + ", ".join(sorted({k.split(".")[0] for k in rest})) +
+                               "), loaded with unet/ and vae/ by TransNormalModel.from_pretrained(DIR)")
+        return entries
+
+    @classmethod
+    def upstream_parts(cls, folder: Path, use_ema: bool | None = None) -> list[str]:
+        """The parts (``unet`` / ``vae``) whose tensors ``folder`` keeps in diffusers sub-folders instead of its
+        weights file: [] for a training checkpoint or an export written before that layout."""
+        from safetensors import safe_open
+
+        weights = weights_file(folder, use_ema)
+        if not weights.is_file():
+            return []
+        with safe_open(str(weights), "pt") as f:
+            prefixes = {k.split(".", 1)[0] for k in f.keys()}
+        return [name for name, _ in UPSTREAM_PARTS
+                if name not in prefixes and (folder / name / "config.json").is_file()]
+
+    @classmethod
+    def resolve_bases(cls, model_section: dict[str, Any], folder: Path) -> dict[str, Any]:
+        """A ``unet_path`` / ``vae_path`` of an export that holds ``unet/`` / ``vae/`` is read from those folders
+        (the architecture is the same; the export does not need the original weight folders)."""
+        out = super().resolve_bases(model_section, folder)
+        for name in cls.upstream_parts(folder):
+            if out.get(f"{name}_path") not in (None, ""):
+                out[f"{name}_path"] = str(folder / name)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, use_ema: bool | None = None,
+                        device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                        strict: bool = True) -> TransNormalModel:
+        """``PreTrainedModel.from_pretrained``, also for an export whose UNet / VAE live in ``unet/`` / ``vae/``.
+
+        Those tensors are read from the diffusers folders and checked, with ``model.safetensors``'s, against
+        every key and shape of the model (``strict``).
+        """
+        ckpt = resolve_checkpoint(path)
+        parts = cls.upstream_parts(ckpt, use_ema)
+        if not parts:
+            return super().from_pretrained(ckpt, use_ema=use_ema, device=device, dtype=dtype, strict=strict)
+        model = super().from_pretrained(ckpt, use_ema=use_ema, strict=False)  # the config; the rest's weights
+        weights = weights_file(ckpt, use_ema)
+        sd = load_weights(weights)
+        for name in parts:
+            sd.update({f"{name}.{k}": v for k, v in read_diffusers_weights(ckpt / name).items()})
+        load_into(model, sd, source=f"{weights} + {', '.join(n + '/' for n in parts)}", strict=strict)
+        model.loaded_from["upstream"] = parts
+        if dtype is not None:
+            model.to(dtype=dtype)
+        return model.to(device or "cpu").eval()
 
     def __init__(self, config: TransNormalConfig):
         super().__init__()
