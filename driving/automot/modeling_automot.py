@@ -32,7 +32,8 @@ Heads (on the action expert's final-RMSNorm outputs):
 
 ``DrivingVLA`` is the trained policy around this model (a ``core.pretrained.PreTrainedModel``): the joint
 model, the optional waypoint refiner, the two training stages, and the folder format (``save_pretrained`` /
-``from_pretrained``; the base VLM referenced, not copied).
+``from_pretrained``; the base VLM referenced, not copied; the understanding expert also as a transformers folder
+``vlm/``, see ``DrivingVLA.save_upstream``).
 
 Deviations from the paper: the VLM and the expert must already have the same number of heads / kv heads /
 head_dim (the paper pads heads); the meta-action is read from the LM head at one token per class instead of
@@ -668,6 +669,7 @@ class AutoMoT(nn.Module):
 
 # -- the trained policy ------------------------------------------------------------------------------------------
 STAGES = ("vla", "refiner")
+UPSTREAM_VLM = "vlm"  # the export's transformers folder of the understanding expert
 
 
 class DrivingVLA(PreTrainedModel):
@@ -727,6 +729,38 @@ class DrivingVLA(PreTrainedModel):
 
             return cls(config, base=load_vlm(config.base_path, dtype=config.base_dtype, weights=False))
         return cls(config)
+
+    def save_upstream(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """The understanding expert as a folder transformers opens (``save_pretrained``'s hook; see the README
+        section "Opening the export with transformers + peft").
+
+        ``automot``: ``vlm/``, the fine-tuned VLM (every weight trains, so there is no LoRA and no peft adapter)
+        with its tokenizer (added tokens included) and image processor, written by transformers' own
+        ``save_pretrained``: a second copy of ``model.safetensors``' ``mot.vlm.*`` tensors. ``frozen``: nothing
+        new (the VLM is the base's, unchanged); the entry names the base. ``noreason``: no VLM, no entry. The
+        action expert, the heads and the refiner are not a transformers / peft architecture and stay in
+        ``model.safetensors`` only.
+        """
+        vlm = self.mot.vlm
+        if vlm is None:
+            return {}
+        cls = f"transformers.{type(vlm).__name__}"
+        rest = ("The action expert, its heads and the refiner are not transformers / peft modules and stay in "
+                "model.safetensors only; the upstream model's hidden states are this policy's understanding stream.")
+        if self.config.arm == "frozen" and not self.config.added_tokens:
+            copied = (directory / "base").is_dir()
+            where = "this folder's base/" if copied else str(Path(self.config.base_path).resolve())
+            return {"base": f"{cls}.from_pretrained(<base>), <base> = {where}: the frozen understanding expert, "
+                            f"the base unchanged (not copied again). {rest}"}
+        from core.vlm import save_vlm
+
+        sd = state_dict if state_dict is not None else self.state_dict()
+        vlm_sd = {k.removeprefix("mot.vlm."): v for k, v in sd.items() if k.startswith("mot.vlm.")} or None
+        save_vlm(directory / UPSTREAM_VLM, vlm, self.tokenizer, self.spec, state_dict=vlm_sd)
+        what = "fine-tuned" if self.config.arm == "automot" else "frozen base with the added tokens"
+        return {UPSTREAM_VLM: f"{cls}.from_pretrained('{UPSTREAM_VLM}') with AutoTokenizer / AutoImageProcessor "
+                              f"from the same folder: the {what} understanding expert (no LoRA, so no peft adapter). "
+                              f"{rest}"}
 
     def trained_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything but the (frozen, unchanged) VLM in the ``frozen`` arm; everything otherwise."""

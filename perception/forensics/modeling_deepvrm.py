@@ -23,7 +23,10 @@ layer K-1 whose output it rewrites, so it works for any Qwen-VL-class model that
 
 ``DeepVRM`` is a ``core.pretrained.PreTrainedModel`` built from a ``DeepVRMModelConfig`` around the base VLM at
 ``config.base_path``: a detector folder (``save_pretrained``) stores only ``trained_state_dict()`` (the LoRA
-weights; every VLM weight for ``full``) and references the base, which is opened read-only.
+weights; every VLM weight for ``full``) and references the base, which is opened read-only. Beside them it writes
+the VLM part in the upstream layouts (``save_upstream``): ``adapter/``, a peft folder of the LLM's LoRA
+(``deepvrm`` / ``lora``; V_a and the residual are not peft-expressible and stay in ``model.safetensors``), or
+``vlm/``, a transformers folder of the fine-tuned VLM (``full``).
 
 Answers are scored, not only generated: P(fake) = sigmoid(log P("fake" | prompt) - log P("real" | prompt)), the
 two answers' sequence log-probabilities under teacher forcing (AP uses it).
@@ -62,6 +65,8 @@ from perception.forensics.configuration_deepvrm import DeepVRMModelConfig
 
 ARMS = ("deepvrm", "lora", "full")
 LLM_TARGETS = r"self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj"
+UPSTREAM_ADAPTER = "adapter"  # the export's peft folder (deepvrm / lora arms)
+UPSTREAM_VLM = "vlm"  # the export's transformers folder (full arm)
 VISION_TARGETS = r"blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(gate_proj|up_proj|down_proj|linear_fc1|linear_fc2))" \
                  r"|merger\.(mlp\.(0|2)|linear_fc1|linear_fc2)"
 
@@ -271,6 +276,48 @@ class DeepVRM(PreTrainedModel):
         return [decode_answer(self.tokenizer, row[start:].tolist()) for row in ids]
 
     # -- saving the trained part ---------------------------------------------------------------------------------
+    def save_upstream(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+        """The VLM part as folders transformers / peft open (``save_pretrained``'s hook; see the README section
+        "Opening the export with transformers + peft").
+
+        ``deepvrm`` / ``lora``: ``adapter/``, the LLM's LoRA (adapter "llm") in peft's layout, over the frozen base
+        (not copied again: it is this folder's ``base/`` or the referenced path). V_a, its LoRA and the residual
+        are not expressible in peft and stay in ``model.safetensors`` only, so the upstream model of the
+        ``deepvrm`` arm is the detector with its residual path off (the stage-1 model). ``full``: ``vlm/``, the
+        whole fine-tuned VLM with its tokenizer and image processor (a second copy of ``model.safetensors``'s
+        ``vlm.*`` tensors).
+        """
+        from core.io import write_text
+        from core.layers.lora import save_lora
+        from core.vlm import save_vlm
+
+        sd = state_dict if state_dict is not None else self.state_dict()
+        vlm_sd = {k.removeprefix("vlm."): v for k, v in sd.items() if k.startswith("vlm.")}
+        cls = f"transformers.{type(self.vlm).__name__}"
+        positions = (" Call it without mm_token_type_ids (this detector was trained with 1-D text positions)."
+                     if self.config.positions == "text" else "")
+        if self.arm == "full":
+            save_vlm(directory / UPSTREAM_VLM, self.vlm, self.tokenizer, self.spec, state_dict=vlm_sd)
+            return {UPSTREAM_VLM: f"{cls}.from_pretrained('{UPSTREAM_VLM}') with AutoTokenizer / AutoImageProcessor "
+                                  "from the same folder: the fully fine-tuned VLM (the same tensors as "
+                                  f"model.safetensors' vlm.*).{positions}"}
+        copied = (directory / "base").is_dir()
+        base = "base" if copied else str(Path(self.config.base_path).resolve())
+        out = directory / UPSTREAM_ADAPTER
+        save_lora(self.vlm, out, "llm", state_dict=vlm_sd, base_model="../base" if copied else base)
+        where = "this folder's base/" if copied else base
+        how = (f"peft.PeftModel.from_pretrained({cls}.from_pretrained(<base>), '{UPSTREAM_ADAPTER}'), <base> = "
+               f"{where} (frozen, not copied again; tokenizer and image processor there): LoRA on LLM layers >= "
+               f"{self.inject_layer}.{positions}")
+        left_out = ("" if self.arm != "deepvrm" else
+                    " V_a (a LoRA'd copy of the vision tower, adapter 'va') and its residual into layer "
+                    f"{self.inject_layer} are not peft-expressible and stay in {{weights}} only: the adapter on the "
+                    "base is the detector with its residual path off (Deep-VRM's stage-1 model).")
+        write_text(out / "README.md", "# Deep-VRM LLM adapter (peft LoRA)\n\n"
+                   + how.replace("this folder's base/", "../base/") + left_out.format(weights="../model.safetensors")
+                   + "\n")
+        return {UPSTREAM_ADAPTER: how + left_out.format(weights="model.safetensors")}
+
     def trained_state_dict(self) -> dict[str, torch.Tensor]:
         """What training changed: LoRA weights (and V_a's) for deepvrm / lora; every VLM weight for full."""
         state = self.state_dict()
