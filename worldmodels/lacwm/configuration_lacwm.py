@@ -132,6 +132,8 @@ class WorldModelDataConfig:
     demonstrations per task for adaptation and ``test_episodes`` per task (other seeds) for evaluation.
     ``libero_tasks`` (env ids) add LIBERO interaction to pretraining. ``plan_episodes`` episodes of Reach on
     the held-out embodiment (seeds from 2000) measure planning by candidate selection in ``embodied eval``.
+    ``paths`` adds the user's own data to pretraining: robomimic / LIBERO HDF5 files or LeRobot v3
+    folders, read in place (never written), each file's embodiment taken from its attributes.
     ``camera`` is the manipulation suite's camera (``"workspace"``: framed on the gripper's working volume;
     robosuite's ``agentview`` loses the gripper off the top edge of small frames).
     """
@@ -151,6 +153,7 @@ class WorldModelDataConfig:
     test_seed: int = 500
     libero_tasks: list[str] = field(default_factory=list)
     libero_episodes: int = 2
+    paths: list[str] = field(default_factory=list)  # the user's trajectory files / LeRobot folders (read-only)
     plan_episodes: int = 10  # closed-loop planning episodes per arm in `embodied eval` (0: skip)
     plan_max_steps: int = 40
 

@@ -33,7 +33,8 @@ log = get_logger("embodied.lacwm")
 
 # ------------------------------------------------------------------------------------------------ data
 def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, list[Path]]:
-    """``{"pretrain", "adapt", "test"}`` -> HDF5 files, recording the missing ones (cached under ``data.root``)."""
+    """``{"pretrain", "adapt", "test"}`` -> HDF5 files, recording the missing ones (cached under ``data.root``);
+    the user's ``data.paths`` (HDF5 files or LeRobot folders, read in place) join the pretraining split."""
     from worldmodels.lacwm.data import RecordSpec, check_cached, record_suite, suite_specs
 
     root = Path(data.root)
@@ -62,6 +63,11 @@ def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, lis
         if missing:
             record_suite(missing, root / split)
         out[split] = paths
+    user = [Path(p).expanduser() for p in data.paths]
+    for p in user:
+        if not p.exists():
+            raise DataError(p, "no such file or folder (data.paths: trajectory HDF5 files or LeRobot folders)")
+    out["pretrain"] = out["pretrain"] + user
     return out
 
 

@@ -369,3 +369,22 @@ def test_lacwm_transitions_read_a_lerobot_folder(exports, demos):
     for i in (0, 17, 50):
         x, y = a[i], b[i]
         assert all(x[k].equal(y[k]) for k in x)
+
+
+def test_lacwm_pretraining_takes_the_users_lerobot_folder(exports, tmp_path):
+    """``data.paths`` puts a user's LeRobot folder into LAC-WM's pretraining split, read in place."""
+    from core.errors import DataError
+    from worldmodels.lacwm.configuration_lacwm import WorldModelDataConfig
+    from worldmodels.lacwm.training import data_files
+
+    folder = exports["lossless"]
+    before = sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*"))
+    root = tmp_path / "cache"
+    for split in ("pretrain", "adapt", "test"):  # no recording: the cache is keyed by env id, so empty splits
+        (root / split).mkdir(parents=True)
+    cfg = WorldModelDataConfig(root=str(root), tasks=[], paths=[str(folder)])
+    files = data_files(cfg, record=False)
+    assert files["pretrain"] == [folder] and files["adapt"] == [] and files["test"] == []
+    assert sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*")) == before
+    with pytest.raises(DataError, match="no such file or folder"):
+        data_files(WorldModelDataConfig(root=str(root), tasks=[], paths=[str(tmp_path / "absent")]), record=False)
