@@ -68,7 +68,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         description="Convert HDF5 trajectory files (manipulation suite, LIBERO, driving, robomimic) into one "
                     "LeRobot v3 dataset folder that lerobot's LeRobotDataset and `embodied train` read.",
     )
-    p.add_argument("inputs", nargs="+", type=Path, metavar="IN.hdf5", help="trajectory files (read-only)")
+    p.add_argument("inputs", nargs="+", type=Path, metavar="IN.hdf5",
+                   help="trajectory files or folders of them, e.g. a `sim rollout` output (read-only)")
     p.add_argument("--out", type=Path, required=True, help="output dataset folder")
     p.add_argument("--fps", type=int, default=20, help="recording frame rate (timestamps, video rate)")
     p.add_argument("--state-keys", default=None,

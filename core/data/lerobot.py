@@ -196,6 +196,18 @@ def _episode_text(attrs: dict, file_li: str | None, env_meta: dict) -> str:
     return "unknown task"
 
 
+def _trajectory_files(path: Path) -> list[Path]:
+    """``path`` itself, or the ``*.hdf5`` files of a folder (e.g. an ``embodied sim rollout`` output), sorted."""
+    if path.is_dir():
+        files = sorted(path.glob("*.hdf5"))
+        if not files:
+            raise DataError(path, "a folder without .hdf5 trajectory files")
+        return files
+    if not path.is_file():
+        raise DataError(path, "no such file")
+    return [path]
+
+
 def export_lerobot(
     hdf5_paths: str | os.PathLike | Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -210,7 +222,8 @@ def export_lerobot(
     """Convert HDF5 trajectory files into one LeRobot v3 dataset folder (see the module docstring).
 
     Args:
-        hdf5_paths: One or more trajectory files (any of the recorders' files, LIBERO's and robomimic's).
+        hdf5_paths: One or more trajectory files (any of the recorders' files, LIBERO's and robomimic's), or
+            folders of them (a rollout's output folder: its ``*.hdf5`` files in name order).
             Every episode must have the obs keys and shapes of the first one (LeRobot features are fixed).
         out_dir: The dataset folder. Written into a hidden sibling and renamed onto ``out_dir`` when done
             (an existing ``out_dir`` is replaced whole); with ``in_place`` written straight into ``out_dir``,
@@ -240,11 +253,9 @@ def export_lerobot(
         raise DataError(str(out_dir), f"fps must be >= 1, got {fps}")
     if episodes_per_file is not None and episodes_per_file < 1:
         raise DataError(str(out_dir), f"episodes_per_file must be >= 1, got {episodes_per_file}")
-    check_not_input(paths, out_dir)
+    check_not_input(paths, out_dir)  # also a folder given as input: nothing is written inside it
+    paths = [q for p in paths for q in _trajectory_files(p)]
     opts = video or VideoOptions()
-    for p in paths:
-        if not p.is_file():
-            raise DataError(p, "no such file")
 
     def write(root: Path) -> dict[str, Any]:
         w = _Writer(root, fps, state_keys, opts, episodes_per_file)

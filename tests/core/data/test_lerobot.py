@@ -339,6 +339,11 @@ def test_cli_export_next_to_the_input_and_overwrite(tmp_path):
     r = _cli(["sim", "export-lerobot", "missing.hdf5", "--out", "lr2"], cwd=user)
     assert r.returncode == 2 and "missing.hdf5: no such file" in r.stderr
     assert _hash_tree(user / "recordings") == before and not (user / "lr2").exists()
+    # a folder of recordings (a `sim rollout` output) exports its .hdf5 files
+    r = _cli(["sim", "export-lerobot", "recordings", "--out", "from_folder"], cwd=user)
+    assert r.returncode == 0 and "2 episodes, 41 frames" in r.stdout, r.stderr
+    r = _cli(["sim", "export-lerobot", "from_folder/meta", "--out", "lr3"], cwd=user)
+    assert r.returncode == 2 and "without .hdf5" in r.stderr and not (user / "lr3").exists()
 
 
 # ------------------------------------------------------------------------------------ training on an export
