@@ -209,6 +209,24 @@ def test_other_suites_build_reset_step(suite, index):
         env.close()
 
 
+def test_images_off_same_dynamics_proprio_only(env):
+    """``images=False`` (the fast mode of state-reading policies) steps the same physics, renders on demand."""
+    from sim.libero.env import LiberoEnv
+
+    fast = LiberoEnv("libero_spatial", 0, image_size=SIZE, images=False, render_mode="rgb_array")
+    try:
+        assert set(fast.observation_space.spaces) == {"proprio"}
+        a = _rollout(env, seed=4, steps=6)[1]
+        obs, _ = fast.reset(seed=4)
+        rng = np.random.default_rng(4)
+        b = [obs["proprio"]] + [fast.step(rng.uniform(-1, 1, 7))[0]["proprio"] for _ in range(6)]
+        assert set(obs) == {"proprio"} and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+        frame = fast.render()
+        assert frame.shape == (SIZE, SIZE, 3) and frame.dtype == np.uint8 and frame.std() > 5  # a scene, not blank
+    finally:
+        fast.close()
+
+
 @pytest.mark.slow
 def test_two_envs_same_seed_identical_rollouts(env):
     from sim.libero.env import LiberoEnv
