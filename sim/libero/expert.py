@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.libero.env import LiberoEnv, _axis_angle_from_matrix
+from sim.libero.env import LiberoEnv
+from sim.libero.motion import body_box, closing_axis, mj_model, move_action
 
 APPROACH_HEIGHT = 0.08  # m above the grasp point
 LIFT_HEIGHT = 0.12  # m above the grasp point
@@ -73,7 +74,7 @@ class LiberoReachGraspExpert:
         center, half = (lo + hi) / 2, (hi - lo) / 2
         point = np.array([center[0], center[1], hi[2] - min(GRASP_DEPTH, half[2])])
         if self._movable and max(half[0], half[1]) > GRIPPER_HALF_OPENING:
-            axis = self._closing_axis()
+            axis = closing_axis(self.env)
             radius = float(abs(axis[0]) * half[0] + abs(axis[1]) * half[1])
             eef = self.env.eef_pose()[0]
             side = 1.0 if np.dot(eef[:2] - center[:2], axis[:2]) >= 0 else -1.0
@@ -92,7 +93,7 @@ class LiberoReachGraspExpert:
         """Action (7,) float32 in [-1, 1] for the current sim state."""
         if self.target is None:
             raise RuntimeError("call reset() before act()")
-        eef, rot = self.env.eef_pose()
+        eef = self.env.eef_pose()[0]
         dist = float(np.linalg.norm(eef - self.grasp_point))
         self.min_distance = min(self.min_distance, dist)
         self.max_lift = max(self.max_lift, self._target_z() - self._initial_target_z)
@@ -103,18 +104,9 @@ class LiberoReachGraspExpert:
             "close": self.grasp_point,
             "lift": self.grasp_point + [0.0, 0.0, LIFT_HEIGHT],
         }[self.phase]
-        ctrl = self.env._arm_controller
-        scale = np.asarray(ctrl.output_max, dtype=np.float64)
-        base_rot = np.asarray(self.env._robot.base_ori).reshape(3, 3)  # base frame -> world
-        d_pos = base_rot.T @ (goal - eef)
-        d_rot = base_rot.T @ _axis_angle_from_matrix(self._initial_rot @ rot.T)
-        action = np.zeros(7)
-        action[:3] = d_pos / scale[:3]
-        action[3:6] = 0.5 * d_rot / scale[3:6]
-        if self.noise > 0:
-            action[:6] += self.rng.normal(0.0, self.noise, 6)
-        action[6] = 1.0 if self.phase in ("close", "lift") else -1.0
-        return np.clip(action, -1.0, 1.0).astype(np.float32)
+        noise = self.rng.normal(0.0, self.noise, 6) if self.noise > 0 else None
+        return move_action(self.env, goal, self._initial_rot, 1.0 if self.phase in ("close", "lift") else -1.0,
+                           noise=noise)
 
     # --------------------------------------------------------------------------------- metrics
 
@@ -146,12 +138,12 @@ class LiberoReachGraspExpert:
     def _choose_target(self, rs) -> tuple[str, int | None, np.ndarray, np.ndarray]:
         """Target name, its root body id (or None for a site) and its world box (lo, hi), metres."""
         interest = list(rs.obj_of_interest)
-        model = self.env.sim.model._model if hasattr(self.env.sim.model, "_model") else self.env.sim.model
+        model = mj_model(self.env)
         for pool in (rs.objects_dict, rs.fixtures_dict):
             for name in interest:
                 if name in pool:
                     body = rs.sim.model.body_name2id(pool[name].root_body)
-                    lo, hi = self._body_box(model, body)
+                    lo, hi = body_box(self.env, body)
                     return name, body, lo, hi
         import mujoco
 
@@ -163,49 +155,7 @@ class LiberoReachGraspExpert:
         # No usable object of interest: reach for the first movable object.
         name, obj = next(iter(rs.objects_dict.items()))
         body = rs.sim.model.body_name2id(obj.root_body)
-        return (name, body, *self._body_box(model, body))
-
-    def _body_box(self, model, body: int) -> tuple[np.ndarray, np.ndarray]:
-        """World-frame axis-aligned box (lo, hi) of the collision geoms under ``body``'s subtree."""
-        data = self.env.sim.data
-        geoms = [g for g in range(model.ngeom) if self._in_subtree(model, int(model.geom_bodyid[g]), body)]
-        solid = [g for g in geoms if model.geom_contype[g] or model.geom_conaffinity[g]]
-        geoms = solid or geoms
-        if not geoms:
-            pos = np.array(data.body_xpos[body])
-            return pos - 0.02, pos + 0.02
-        los, his = [], []
-        for g in geoms:
-            rot = np.array(data.geom_xmat[g]).reshape(3, 3)
-            center = np.array(data.geom_xpos[g]) + rot @ model.geom_aabb[g, :3]
-            half = np.abs(rot) @ model.geom_aabb[g, 3:]
-            los.append(center - half)
-            his.append(center + half)
-        return np.min(los, axis=0), np.max(his, axis=0)
-
-    @staticmethod
-    def _in_subtree(model, body: int, root: int) -> bool:
-        while body > 0:
-            if body == root:
-                return True
-            body = int(model.body_parentid[body])
-        return root == 0
-
-    def _closing_axis(self) -> np.ndarray:
-        """Unit vector (3,) in the world frame between the two finger pads (the closing direction)."""
-        model = self.env.sim.model
-        data = self.env.sim.data
-        names = [model.body_id2name(i) or "" for i in range(model.nbody)]
-        fingers = [next((i for i, n in enumerate(names) if n.startswith("gripper0") and n.endswith(side)), None)
-                   for side in ("leftfinger", "rightfinger")]
-        if None not in fingers:
-            d = np.array(data.body_xpos[fingers[0]]) - np.array(data.body_xpos[fingers[1]])
-            d[2] = 0.0
-            if np.linalg.norm(d) > 1e-6:
-                return d / np.linalg.norm(d)
-        y = self.env.eef_pose()[1][:, 1].copy()  # grip site's y axis, projected on the table
-        y[2] = 0.0
-        return y / max(np.linalg.norm(y), 1e-9)
+        return (name, body, *body_box(self.env, body))
 
     def _target_z(self) -> float:
         if self._target_body is None:
