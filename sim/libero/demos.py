@@ -3,14 +3,15 @@
 A LIBERO demo file (``<task>_demo.hdf5``, written by LIBERO's ``create_dataset.py``)::
 
     data/                 attrs: problem_info (JSON: problem_name, domain_name, language_instruction),
-                          bddl_file_name (str), env_args (JSON: env_name, type, env_kwargs),
+                          bddl_file_name (str), bddl_file_content (the BDDL text),
+                          env_args (JSON: type, env_name, problem_name, bddl_file, env_kwargs),
                           env_name, macros_image_convention ("opengl": images stored bottom-up),
                           num_demos, total
     data/demo_<i>/        attrs: num_samples, init_state (S,) float64, model_file (MJCF XML str)
         actions           (T, 7) float64, OSC_POSE delta actions in [-1, 1] (same as ``LiberoEnv``)
         states            (T, S) float64 flattened MuJoCo states [time, qpos, qvel]
         robot_states      (T, 9) float64 [gripper qpos (2), eef pos (3), eef quat xyzw (4)]
-        rewards           (T,) uint8;  dones (T,) uint8 (1 on the last step)
+        rewards           (T,) uint8;  dones (T,) uint8 (both 1 on the last step only)
         obs/agentview_rgb     (T, H, W, 3) uint8, OpenGL row order (upside down: flip ``[::-1]``)
         obs/eye_in_hand_rgb   (T, H, W, 3) uint8, OpenGL row order
         obs/ee_pos (T, 3), obs/ee_ori (T, 3) axis-angle, obs/ee_states (T, 6) = [ee_pos, ee_ori],
@@ -79,6 +80,8 @@ def write_libero_demo_file(
     problem_info: Mapping[str, object],
     bddl_file_name: str,
     env_args: Mapping[str, object],
+    bddl_file_content: str | None = None,
+    extra_attrs: Mapping[str, object] | None = None,
 ) -> None:
     """Write ``demos`` to ``path`` in LIBERO's demonstration layout (atomically).
 
@@ -113,8 +116,12 @@ def write_libero_demo_file(
             total += n
         data.attrs["problem_info"] = json.dumps(dict(problem_info))
         data.attrs["bddl_file_name"] = str(bddl_file_name)
+        if bddl_file_content is not None:
+            data.attrs["bddl_file_content"] = str(bddl_file_content)
         data.attrs["env_args"] = json.dumps(dict(env_args))
         data.attrs["env_name"] = str(env_args.get("env_name", ""))
         data.attrs["macros_image_convention"] = "opengl"
+        for key, value in (extra_attrs or {}).items():
+            data.attrs[key] = value
         data.attrs["num_demos"] = len(demos)
         data.attrs["total"] = total

@@ -32,7 +32,9 @@ observations as ``proprio`` so that ``eef_delta[:3]`` is exactly the change of `
 
 Reset: ``reset(seed=s)`` picks init state ``np_random.integers(num_init_states)`` unless
 ``options={"init_state_id": k}`` is given; the sim is set to that exact MuJoCo state (LIBERO's
-evaluation protocol). LIBERO also re-samples fixture poses (written into the model, not the state) at
+evaluation protocol). ``options={"init_state_id": "sampled"}`` instead keeps the placement LIBERO's own
+samplers draw at reset (seeded from ``np_random``), the distribution the fixed states were drawn from:
+training demonstrations start there, so that the 50 evaluation states stay unseen (``init_state_id`` None). LIBERO also re-samples fixture poses (written into the model, not the state) at
 every reset; those samplers are seeded from the same ``np_random``, so the same seed gives an identical
 rollout.
 """
@@ -227,13 +229,19 @@ class LiberoEnv(gym.Env):
         init_state_id = options.pop("init_state_id", None)
         if options:
             raise ConfigError(f"unknown reset option(s) {sorted(options)}; known: ['init_state_id']")
+        sampled = isinstance(init_state_id, str) and init_state_id == "sampled"
         if init_state_id is None:
             init_state_id = int(self.np_random.integers(self.num_init_states))
-        if not 0 <= int(init_state_id) < self.num_init_states:
-            raise ConfigError(f"init_state_id must be in 0..{self.num_init_states - 1}, got {init_state_id}")
-        self.init_state_id = int(init_state_id)
+        if not sampled and not (isinstance(init_state_id, (int, np.integer))
+                                and 0 <= int(init_state_id) < self.num_init_states):
+            raise ConfigError(f"init_state_id must be in 0..{self.num_init_states - 1} or 'sampled', "
+                              f"got {init_state_id!r}")
+        self.init_state_id = None if sampled else int(init_state_id)
         self._reset_libero(int(self.np_random.integers(2**32 - 1)))
-        self._raw_obs = self._libero.set_init_state(self.init_states[self.init_state_id])
+        if sampled:  # a fresh placement from LIBERO's samplers, the distribution the fixed states came from
+            self._raw_obs = self._libero.regenerate_obs_from_state(self.sim.get_state().flatten())
+        else:
+            self._raw_obs = self._libero.set_init_state(self.init_states[self.init_state_id])
         self._obs = self._convert_obs(self._raw_obs)
         info = {INFO_SUCCESS: bool(self._rs._check_success()), INFO_EEF_DELTA: np.zeros(6, np.float32)}
         info["init_state_id"] = self.init_state_id
@@ -298,12 +306,12 @@ class LiberoEnv(gym.Env):
         obs["proprio"] = proprio_from_raw_obs(raw)
         return obs
 
-    def _reset_libero(self, seed: int) -> None:
+    def _reset_libero(self, seed: int):
         """robosuite reset with seeded placement. LIBERO writes fixture poses (cabinets, stoves) into the
         *model* at every reset, outside the init state, drawing from robosuite samplers (``rng``
         attributes) and LIBERO region samplers (NumPy's global RNG); both are seeded here, and the
         global RNG's state is restored afterwards so callers see no side effect."""
-        seeded_robosuite_reset(self._rs, seed, self._libero.reset)
+        return seeded_robosuite_reset(self._rs, seed, self._libero.reset)
 
     def _bad_state_warnings(self) -> int:
         import mujoco

@@ -209,6 +209,21 @@ def test_other_suites_build_reset_step(suite, index):
         env.close()
 
 
+def test_sampled_placement_is_seeded_and_not_an_evaluation_state(env):
+    """``init_state_id="sampled"`` (where recorded demonstrations start) draws LIBERO's placements from the seed."""
+    from core.errors import ConfigError
+
+    states = []
+    for seed in (5, 5, 6):
+        _, info = env.reset(seed=seed, options={"init_state_id": "sampled"})
+        assert info["init_state_id"] is None and env.init_state_id is None
+        states.append(env.sim.get_state().flatten())
+    assert np.array_equal(states[0], states[1]) and not np.allclose(states[0], states[2], atol=1e-3)
+    assert min(np.abs(states[0][1:] - s[1:]).max() for s in env.init_states) > 1e-3  # none of the 50 fixed states
+    with pytest.raises(ConfigError, match="'sampled'"):
+        env.reset(options={"init_state_id": "random"})
+
+
 def test_images_off_same_dynamics_proprio_only(env):
     """``images=False`` (the fast mode of state-reading policies) steps the same physics, renders on demand."""
     from sim.libero.env import LiberoEnv

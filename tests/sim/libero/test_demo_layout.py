@@ -1,0 +1,157 @@
+"""LIBERO's demonstration layout, written by hand from LIBERO's documented keys, through our loader and trainer.
+
+The file here is made with h5py directly, following LIBERO's ``scripts/create_dataset.py``, not our
+recorder. It has images stored bottom-up (``macros_image_convention`` "opengl"), uint8 rewards / dones,
+``robot_states`` (gripper qpos, eef pos, eef quat) and the env / BDDL attributes. A user's downloaded file
+looks like this. Our writer (``sim.libero.demos.write_libero_demo_file``, used by ``embodied libero
+record``) must produce the same structure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+T, H = 12, 32
+LANGUAGE = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+
+
+def _frames(n: int, seed: int) -> np.ndarray:
+    """Upright frames with a bright top row, so that a flip is visible."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 120, (n, H, H, 3), dtype=np.uint8)
+    x[:, 0] = 255
+    return x
+
+
+def write_by_hand(path: Path, episodes: int = 2) -> dict[str, np.ndarray]:
+    """A LIBERO demo file as LIBERO writes it; returns the upright agent-view frames of demo_0."""
+    bddl = "libero_spatial/pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate.bddl"
+    upright = {}
+    with h5py.File(path, "w") as f:
+        grp = f.create_group("data")
+        grp.attrs["env_name"] = "Libero_Tabletop_Manipulation"
+        grp.attrs["problem_info"] = json.dumps({"problem_name": "libero_tabletop_manipulation",
+                                                "domain_name": "robosuite", "language_instruction": LANGUAGE})
+        grp.attrs["macros_image_convention"] = "opengl"
+        grp.attrs["bddl_file_name"] = bddl
+        grp.attrs["bddl_file_content"] = "(define (problem LIBERO_Tabletop_Manipulation) ...)"
+        grp.attrs["env_args"] = json.dumps({"type": 1, "env_name": "Libero_Tabletop_Manipulation",
+                                            "problem_name": "libero_tabletop_manipulation", "bddl_file": bddl,
+                                            "env_kwargs": {"control_freq": 20, "camera_heights": H}})
+        total = 0
+        rng = np.random.default_rng(0)
+        for i in range(episodes):
+            ep = grp.create_group(f"demo_{i}")
+            obs = ep.create_group("obs")
+            ee = rng.normal(0, 0.1, (T, 6))
+            agent, wrist = _frames(T, 2 * i), _frames(T, 2 * i + 1)
+            upright[f"demo_{i}"] = agent
+            obs.create_dataset("gripper_states", data=rng.uniform(-0.04, 0.04, (T, 2)))
+            obs.create_dataset("joint_states", data=rng.normal(0, 1, (T, 7)))
+            obs.create_dataset("ee_states", data=ee)
+            obs.create_dataset("ee_pos", data=ee[:, :3])
+            obs.create_dataset("ee_ori", data=ee[:, 3:])
+            obs.create_dataset("agentview_rgb", data=agent[:, ::-1])  # OpenGL row order, as LIBERO stores
+            obs.create_dataset("eye_in_hand_rgb", data=wrist[:, ::-1])
+            ep.create_dataset("actions", data=np.clip(rng.normal(0, 0.3, (T, 7)), -1, 1))
+            ep.create_dataset("states", data=rng.normal(0, 1, (T, 79)))
+            ep.create_dataset("robot_states", data=rng.normal(0, 1, (T, 9)))
+            last = np.zeros(T, np.uint8)
+            last[-1] = 1
+            ep.create_dataset("rewards", data=last)
+            ep.create_dataset("dones", data=last)
+            ep.attrs["num_samples"] = T
+            ep.attrs["model_file"] = "<mujoco model='base'/>"
+            ep.attrs["init_state"] = rng.normal(0, 1, 79)
+            total += T
+        grp.attrs["num_demos"] = episodes
+        grp.attrs["total"] = total
+    return upright
+
+
+def _structure(path: Path) -> dict[str, object]:
+    """Every dataset's (dtype kind, ndim) and the attribute names, per group, with demo numbers dropped."""
+    out: dict[str, object] = {}
+
+    def visit(name, obj):
+        key = "/".join("demo_i" if p.startswith("demo_") else p for p in name.split("/"))
+        if isinstance(obj, h5py.Dataset):
+            out[key] = (obj.dtype.kind, obj.ndim)
+        else:
+            out[key + "@"] = sorted(obj.attrs)
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+        out["data@"] = sorted(f["data"].attrs)
+    return out
+
+
+def test_hand_written_libero_file_reads_upright_with_its_language(tmp_path):
+    from core.data.trajectories import TrajectoryDataset, TrajectoryFile
+
+    path = tmp_path / "task_demo.hdf5"
+    upright = write_by_hand(path)
+    with TrajectoryFile(path) as f:
+        assert f.episodes == ["demo_0", "demo_1"] and f.language_instruction == LANGUAGE
+        assert f.file_attrs["bddl_file_name"].endswith(".bddl")
+        ep = f.episode("demo_0")
+    assert np.array_equal(ep["obs/agentview_rgb"], upright["demo_0"]) and (ep["obs/agentview_rgb"][:, 0] == 255).all()
+    ds = TrajectoryDataset([path], obs_keys=["agentview_rgb", "ee_states"], horizon=4, frame_stack=1)
+    sample = ds[0]
+    assert sample["obs.agentview_rgb"].shape == (1, 3, H, H) and (sample["obs.agentview_rgb"][0, :, 0] == 255).all()
+    assert sample["actions"].shape == (4, 7) and sample["obs.ee_states"].shape == (1, 6)
+
+
+@pytest.mark.timeout(600)
+def test_bc_trains_on_a_hand_written_libero_file(tmp_path):
+    """The training command a user runs on LIBERO's own files runs unchanged on this one."""
+    from core.checkpoint import load_checkpoint
+    from core.logging import read_metrics
+    from embodied.cli import main
+
+    path = tmp_path / "libero_spatial" / "task_demo.hdf5"
+    path.parent.mkdir()
+    write_by_hand(path, episodes=3)
+    before = path.read_bytes()
+    out = tmp_path / "run"
+    args = ["train", "bc", "debug=tiny", "model=bc_tiny", "data.record.episodes=0", f"data.paths=[{path}]",
+            "env=libero_spatial_0", "model.image_key=agentview_rgb", "model.proprio_key=ee_states", f"out_dir={out}",
+            "trainer.max_steps=4", "trainer.batch_size=8", "trainer.ckpt_every=4"]
+    assert main(args) == 0
+    rows = read_metrics(out)
+    assert rows[-1]["step"] == 4 and np.isfinite(rows[-1]["loss"])
+    model = load_checkpoint(out)["config"]["model"]
+    assert model["action_dim"] == 7 and model["proprio_dim"] == 6  # dims resolved from the LIBERO file
+    assert path.read_bytes() == before  # the user's file is read-only to training
+
+
+def test_our_writer_makes_libero_s_structure(tmp_path):
+    """``write_libero_demo_file`` (the recorder's writer) has the hand-written file's datasets and attributes."""
+    from sim.libero.demos import LiberoDemo, write_libero_demo_file
+
+    ref = tmp_path / "ref.hdf5"
+    write_by_hand(ref, episodes=2)
+    rng = np.random.default_rng(1)
+    demos = []
+    for i in range(2):
+        ee = rng.normal(0, 0.1, (T, 6))
+        obs = {"agentview_rgb": _frames(T, i)[:, ::-1], "eye_in_hand_rgb": _frames(T, i + 5)[:, ::-1],
+               "ee_pos": ee[:, :3], "ee_ori": ee[:, 3:], "ee_states": ee,
+               "gripper_states": rng.normal(0, 1, (T, 2)), "joint_states": rng.normal(0, 1, (T, 7))}
+        last = np.eye(T, dtype=np.uint8)[-1]
+        demos.append(LiberoDemo(actions=rng.normal(0, 0.3, (T, 7)), states=rng.normal(0, 1, (T, 79)), obs=obs,
+                                rewards=last, dones=last, robot_states=rng.normal(0, 1, (T, 9)),
+                                attrs={"init_state": rng.normal(0, 1, 79), "model_file": "<mujoco/>"}))
+    ours = tmp_path / "ours.hdf5"
+    write_libero_demo_file(ours, demos, problem_info={"problem_name": "p", "domain_name": "robosuite",
+                                                      "language_instruction": LANGUAGE},
+                           bddl_file_name="x.bddl", bddl_file_content="(define ...)",
+                           env_args={"type": 1, "env_name": "E", "problem_name": "p", "bddl_file": "x.bddl",
+                                     "env_kwargs": {}})
+    a, b = _structure(ref), _structure(ours)
+    assert a == b, {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
