@@ -126,6 +126,23 @@ def nearest_equivalent_yaw(yaw: float, current: float) -> float:
     return float(current + best)
 
 
+WRIST_LIMIT = 2.6  # rad: keep the Panda's last joint (range +-2.9) inside this
+
+
+def reachable_yaw(env: LiberoEnv, yaw: float) -> float:
+    """The equivalent of ``yaw`` (mod pi) nearest the current gripper yaw that the wrist can turn to.
+
+    With the hand pointing down, the grip site's yaw is ``c - q7`` (q7: the last arm joint), so a yaw is
+    reachable when ``c - yaw`` stays inside +-``WRIST_LIMIT``; a target picked only by the smallest turn
+    can drive the wrist into its stop (measured: the hand then stalls short of its goal)."""
+    current = gripper_yaw(env)
+    q7 = float(env.sim.data.qpos[env._robot._ref_joint_pos_indexes[-1]])
+    c = current + q7
+    cands = [current + ((yaw - current + np.pi / 2) % np.pi - np.pi / 2) + k * np.pi for k in range(-3, 4)]
+    ok = [y for y in cands if abs(c - y) <= WRIST_LIMIT] or cands
+    return float(min(ok, key=lambda y: abs(y - current)))
+
+
 def step_toward(env: LiberoEnv, goal: np.ndarray, rot: np.ndarray | None, gripper: float,
                 max_step: float = 0.08, gain: float = 1.0) -> np.ndarray:
     """Like :func:`move_action` with the commanded displacement ``gain`` x the position error, capped at

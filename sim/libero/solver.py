@@ -1,0 +1,859 @@
+"""A privileged LIBERO expert that solves tasks from their BDDL goal and the MuJoCo state.
+
+:class:`LiberoSolver` (a ``sim.api.Policy``) reads the goal (``parsed_problem["goal_state"]``, e.g.
+``[['on', 'akita_black_bowl_1', 'plate_1']]``), turns it into one sub-goal per predicate and runs a
+skill for each, in the BDDL's order (a placement into a container that a ``close`` predicate shuts goes
+before that ``close``), re-checking achieved sub-goals before it moves on:
+
+* ``on`` / ``in``: :class:`PickPlace` (this module) picks the object, carries it above the obstacles on
+  its way, lowers it over the target (an object's body origin, or a region site's centre), releases it
+  and retreats up; it checks the grasp by the finger gap and by the object rising with the hand and
+  re-plans (new grasp pose) when a grasp misses or slips, a bounded number of times;
+* ``open`` / ``close`` / ``turnon`` / ``turnoff``: the articulated skills of ``sim.libero.articulated``
+  (``ARTICULATED_SKILLS``), when that module provides them; otherwise the sub-goal fails as
+  ``"unsupported"``.
+
+Grasp poses come from each object's collision geometry (:func:`plan_grasps`): objects that fit between
+the open fingers are taken from the top with the fingers across their narrow horizontal axis (the
+gripper rotated about z); wider ones (bowls, plates, mugs) by the rim, the fingers straddling the wall
+on the side with most room. The reach-and-grasp script's rim grasp (``sim.libero.expert``) closed on
+nothing for one reason, measured on libero_spatial/0: it computes the grasp point at reset, but the
+objects of a LIBERO init state float above the table and drop about 7 cm in the first steps (the bowl's
+origin goes from z 0.970 to 0.898 m), so the fingers closed 7 cm above the rim. This expert plans from
+the settled state, and re-plans every attempt.
+
+Every skill follows the same small protocol (``Skill``): built as ``SkillClass(env, predicate)`` on the
+current state, ``act()`` returns the next action or None once ``outcome`` is set (``"done"`` or a
+failure kind: ``"missed"``, ``"slipped"``, ``"misplaced"``, ``"unreachable"``, ``"unsupported"``,
+``"timeout"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from core.errors import ConfigError
+from sim.libero.env import LiberoEnv
+from sim.libero.motion import (
+    GRIPPER_MAX_GAP,
+    bodies_in_contact,
+    body_box,
+    body_frame_box,
+    finger_gap,
+    gripper_yaw,
+    in_subtree,
+    mj_model,
+    reachable_yaw,
+    step_toward,
+    topdown_rotation,
+)
+
+PLACE_PREDICATES = ("on", "in")
+ARTICULATED_PREDICATES = ("open", "close", "turnon", "turnoff")
+
+FIT_MARGIN = 0.012  # m: an object is taken across an axis only if it is this much narrower than the open gripper
+RIM_DEPTH = 0.018  # m: grip site below the rim's top for a rim grasp (pads on the wall's middle)
+WALL_THICKNESS = 0.008  # m: box geoms thinner than this near the top are walls to grasp
+TOP_DEPTH_MAX = 0.03  # m: grip site below the top for a top grasp (at most; half the height for flat objects)
+FINGER_BELOW_SITE = 0.012  # m: keep the grip site this high above the surface the object stands on
+CLEARANCE = 0.035  # m: travel height above the obstacles' tops (plus what the hand carries below it)
+RELEASE_HEIGHT = 0.012  # m: carried object's bottom above the support when the gripper opens
+GRASP_RISE = 0.025  # m: the object must have risen this much with the hand to count as grasped
+CLOSED_GAP = 0.0015  # m: finger gap at or below which the fingers closed on nothing
+MAX_ATTEMPTS = 4  # grasp-and-place attempts per PickPlace skill
+MAX_SKILL_RUNS = 2  # skill instances per sub-goal (a failed skill is rebuilt once)
+MAX_REDOS = 2  # times an earlier sub-goal that came undone is redone
+
+
+class Skill(Protocol):
+    """One sub-goal's controller, built as ``SkillClass(env, predicate)`` on the current state."""
+
+    outcome: str | None
+
+    def act(self) -> np.ndarray | None: ...
+
+
+# ---------------------------------------------------------------------------------------------- goals
+
+
+def parse_goal(parsed_problem: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The goal's predicates in the BDDL's order, lower-case tuples, e.g. ``[('on', 'bowl_1', 'plate_1')]``.
+
+    ``goal_state`` is LIBERO's parse of ``(:goal (And (On a b) ...))``: a list of ``[name, arg, ...]``.
+    A goal that is not a plain conjunction of atoms is refused with ConfigError.
+    """
+    goal = parsed_problem.get("goal_state")
+    if not isinstance(goal, (list, tuple)) or not goal:
+        raise ConfigError(f"BDDL goal_state must be a non-empty list of predicates, got {goal!r}")
+    out = []
+    for pred in goal:
+        if not isinstance(pred, (list, tuple)) or not 2 <= len(pred) <= 3 or not all(isinstance(p, str) for p in pred):
+            raise ConfigError(f"BDDL goal predicate must be [name, arg] or [name, arg, arg], got {pred!r}")
+        out.append(tuple(p.lower() for p in pred))
+    return out
+
+
+def order_subgoals(goals: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The BDDL's order, except that a placement ``in`` / ``on`` whose target belongs to the thing a
+    ``close`` predicate shuts goes before that ``close`` (libero_10: "put the bowl in the drawer and close
+    it" lists ``Close`` first)."""
+    goals = list(goals)
+    for i, g in enumerate(list(goals)):
+        if g[0] != "close":
+            continue
+        closed = g[1]
+        for j in range(i + 1, len(goals)):
+            h = goals[j]
+            if h[0] in PLACE_PREDICATES and (h[2] == closed or _owner(h[2]) == _owner(closed)):
+                goals.insert(i, goals.pop(j))
+    return goals
+
+
+def _owner(name: str) -> str:
+    """``wooden_cabinet_1`` for ``wooden_cabinet_1_top_region`` (a region site's object): the name up to its
+    first number; the name itself when it has none."""
+    parts = name.split("_")
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            return "_".join(parts[: k + 1])
+    return name
+
+
+def predicate_holds(env: LiberoEnv, pred: tuple[str, ...]) -> bool:
+    """LIBERO's own check of one goal predicate on the current state."""
+    return bool(env.libero_env._eval_predicate(list(pred)))
+
+
+# ----------------------------------------------------------------------------------------- geometry
+
+
+@dataclass
+class GraspPose:
+    """Where to put the grip site (world, metres), the closing axis' yaw (radians) and the rule used."""
+
+    point: np.ndarray
+    yaw: float
+    kind: str  # "top" (across the narrow axis) or "rim" (fingers straddling a wall)
+    width: float = 0.0  # m: extent between the fingers (top grasps)
+
+
+def _object_body(env: LiberoEnv, name: str) -> int:
+    rs = env.libero_env
+    obj = rs.objects_dict.get(name) or rs.fixtures_dict.get(name)
+    if obj is None:
+        raise ConfigError(f"{name!r} is not an object of this LIBERO scene")
+    return int(rs.sim.model.body_name2id(obj.root_body))
+
+
+def _obstacle_boxes(env: LiberoEnv, exclude: tuple[int, ...] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
+    """World boxes of every object and fixture of the scene except the bodies in ``exclude``."""
+    rs = env.libero_env
+    boxes = []
+    for obj in list(rs.objects_dict.values()) + list(rs.fixtures_dict.values()):
+        body = int(rs.sim.model.body_name2id(obj.root_body))
+        if body in exclude:
+            continue
+        boxes.append(body_box(env, body))
+    return boxes
+
+
+def _geom_boxes(env: LiberoEnv, exclude_roots: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """World AABBs of every collision geom outside the robot and the ``exclude_roots`` subtrees."""
+    model, data = mj_model(env), env.sim.data
+    robot_root = int(model.body(env._robot.robot_model.root_body).id)
+    out = []
+    for g in range(model.ngeom):
+        if not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        b = int(model.geom_bodyid[g])
+        if b == 0 and model.geom_type[g] == 0:  # the floor plane
+            continue
+        if in_subtree(model, b, robot_root) or any(in_subtree(model, b, r) for r in exclude_roots):
+            continue
+        name = model.body(b).name
+        if name.startswith(("gripper0", "robot0", "mount0")):
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        center = np.array(data.geom_xpos[g]) + rot @ model.geom_aabb[g, :3]
+        half = np.abs(rot) @ model.geom_aabb[g, 3:]
+        out.append((center - half, center + half))
+    return out
+
+
+def support_height(env: LiberoEnv, xy: np.ndarray, half_xy: np.ndarray, exclude_roots: tuple[int, ...],
+                   below: float = np.inf) -> float:
+    """Highest top (m) of the collision geoms overlapping the footprint ``xy +- half_xy`` whose top is under
+    ``below``: what an object lowered there lands on."""
+    best = -np.inf
+    for lo, hi in _geom_boxes(env, exclude_roots):
+        if hi[2] >= below:
+            continue
+        if np.all(lo[:2] <= xy + half_xy) and np.all(hi[:2] >= xy - half_xy):
+            best = max(best, float(hi[2]))
+    return best
+
+
+def _clearance(point_xy: np.ndarray, boxes, z_from: float) -> float:
+    """Horizontal distance (m) from a point to the nearest box that rises above ``z_from``."""
+    best = np.inf
+    for lo, hi in boxes:
+        if hi[2] < z_from:
+            continue
+        d = np.maximum(np.maximum(lo[:2] - point_xy, point_xy - hi[:2]), 0.0)
+        best = min(best, float(np.linalg.norm(d)))
+    return best
+
+
+def _hand_samples(point: np.ndarray, yaw: float, open_half: float = 0.044) -> np.ndarray:
+    """Sample points (N, 3) of the open gripper at a grasp: the two fingers (1.6 cm columns at
+    ``+-open_half`` along the closing axis, from just under the grip site to 5 cm above it) and the hand
+    (22 x 6 cm, from 6 to 12 cm above the grip site)."""
+    c = np.array([np.cos(yaw), np.sin(yaw), 0.0])
+    n = np.array([-np.sin(yaw), np.cos(yaw), 0.0])
+    pts = []
+    for side in (-1.0, 1.0):
+        for dc in (open_half - 0.006, open_half + 0.006):
+            for dn in (-0.009, 0.0, 0.009):
+                for dz in (-0.008, 0.015, 0.04):
+                    pts.append(point + side * dc * c + dn * n + [0.0, 0.0, dz])
+    for dc in np.linspace(-0.11, 0.11, 9):
+        for dn in (-0.03, 0.0, 0.03):
+            for dz in (0.06, 0.11):
+                pts.append(point + dc * c + dn * n + [0.0, 0.0, dz])
+    return np.array(pts)
+
+
+def _geom_obbs(env: LiberoEnv, exclude_roots: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Oriented boxes of the collision geoms outside the robot and ``exclude_roots``: centres (G, 3),
+    rotations (G, 3, 3) and half extents (G, 3), from each geom's own-frame bounding box (a rotated
+    cabinet's thin walls stay thin, unlike their world-aligned boxes)."""
+    model, data = mj_model(env), env.sim.data
+    robot_root = int(model.body(env._robot.robot_model.root_body).id)
+    cs, rs, hs = [], [], []
+    for g in range(model.ngeom):
+        if not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        b = int(model.geom_bodyid[g])
+        if (b == 0 and model.geom_type[g] == 0) or in_subtree(model, b, robot_root):
+            continue
+        if any(in_subtree(model, b, r) for r in exclude_roots) or model.body(b).name.startswith(("gripper0", "robot0", "mount0")):
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        cs.append(np.array(data.geom_xpos[g]) + rot @ model.geom_aabb[g, :3])
+        rs.append(rot)
+        hs.append(np.array(model.geom_aabb[g, 3:]))
+    if not cs:
+        return np.zeros((0, 3)), np.zeros((0, 3, 3)), np.zeros((0, 3))
+    return np.array(cs), np.array(rs), np.array(hs)
+
+
+def hand_collisions(env: LiberoEnv, point: np.ndarray, yaw: float, exclude_roots: tuple[int, ...],
+                    obbs: tuple | None = None, margin: float = 0.004) -> int:
+    """How many of the open gripper's sample points (:func:`_hand_samples`) at this grasp lie inside
+    another body's collision geoms (their oriented boxes, grown by ``margin``): 0 for a free approach."""
+    centers, rots, halves = _geom_obbs(env, exclude_roots) if obbs is None else obbs
+    if len(centers) == 0:
+        return 0
+    pts = _hand_samples(point, yaw)
+    local = np.einsum("gji,pgj->pgi", rots, pts[:, None, :] - centers[None])  # R^T (p - c)
+    inside = np.all(np.abs(local) <= halves[None] + margin, axis=2)
+    return int(np.any(inside, axis=1).sum())
+
+
+def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> list[GraspPose]:
+    """Grasp poses for ``body`` from its collision geometry, best first.
+
+    * Top grasp when a horizontal extent of the object's own box is at least ``FIT_MARGIN`` under the
+      open gripper's gap: closing axis along that (narrowest) axis, grip site at the box centre, below
+      the top by half the height (at most ``TOP_DEPTH_MAX``), never closer than ``FINGER_BELOW_SITE`` to
+      the object's bottom.
+    * Rim grasp otherwise: for eight radial directions, the wall is the farthest collision geometry near
+      the top along it; the grip site goes onto the wall, ``RIM_DEPTH`` under the rim, closing axis radial.
+      Directions are ranked by the room around the outer finger (other objects), then by facing the robot.
+    """
+    center, axes, half = body_frame_box(env, body)
+    lo, hi = body_box(env, body)
+    cur = gripper_yaw(env) if current_yaw is None else current_yaw
+    up = int(np.argmax(np.abs(axes[2])))
+    horiz = [i for i in range(3) if i != up]
+    widths = {i: 2.0 * half[i] * float(np.linalg.norm(axes[:2, i])) + 2.0 * half[up] * float(abs(axes[2, i]))
+              for i in horiz}
+    height = float(hi[2] - lo[2])
+    poses: list[GraspPose] = []
+    for i in sorted(horiz, key=lambda k: widths[k]):
+        if widths[i] > GRIPPER_MAX_GAP - FIT_MARGIN:
+            continue
+        yaw = reachable_yaw(env, float(np.arctan2(axes[1, i], axes[0, i])))
+        z = max(float(hi[2]) - min(TOP_DEPTH_MAX, 0.5 * height), float(lo[2]) + FINGER_BELOW_SITE)
+        poses.append(GraspPose(np.array([center[0], center[1], z]), yaw, "top", widths[i]))
+    if poses:
+        obbs = _geom_obbs(env, (body,))
+        hits = [hand_collisions(env, p.point, p.yaw, (body,), obbs) for p in poses]
+        order = sorted(range(len(poses)), key=lambda k: (hits[k] > 0, hits[k], k))
+        return [poses[k] for k in order]
+    return _rim_grasps(env, body, lo, hi, cur)
+
+
+def _rim_grasps(env: LiberoEnv, body: int, lo: np.ndarray, hi: np.ndarray, cur: float) -> list[GraspPose]:
+    """Rim grasps: one candidate per thin wall piece near the top (box geoms under ``WALL_THICKNESS``,
+    the fingers closing along its thin axis, centred on it); eight radial directions on the box's outline
+    when the object has no such pieces."""
+    model, data = mj_model(env), env.sim.data
+    origin = np.array(data.xpos[body])
+    box_center = (lo[:2] + hi[:2]) / 2
+    center_xy = box_center if np.linalg.norm(origin[:2] - box_center) > 0.02 else origin[:2]
+    z = max(float(hi[2]) - RIM_DEPTH, float(lo[2]) + FINGER_BELOW_SITE)
+    walls = []  # (xy, closing direction)
+    for g in range(model.ngeom):
+        if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        if not in_subtree(model, int(model.geom_bodyid[g]), body):
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        size = np.array(model.geom_size[g])
+        c = np.array(data.geom_xpos[g])
+        top = c[2] + float(np.abs(rot[2]) @ size)
+        thin = int(np.argmin(size))
+        if size[thin] > WALL_THICKNESS / 2 or top < hi[2] - 0.01:
+            continue
+        normal = rot[:2, thin]
+        if np.linalg.norm(normal) < 0.5 or np.linalg.norm(c[:2] - center_xy) < 0.01:
+            continue
+        # a low, slanted rim (plates) lies wholly above the default height: pads on the piece's middle then
+        z_wall = z if c[2] - float(np.abs(rot[2]) @ size) <= z else max(float(c[2]) - 0.0035, float(lo[2]) + FINGER_BELOW_SITE)
+        walls.append((c[:2], normal / np.linalg.norm(normal), z_wall))
+    if not walls:
+        for k in range(8):
+            d = np.array([np.cos(k * np.pi / 4), np.sin(k * np.pi / 4)])
+            r = float(np.min((hi[:2] - lo[:2]) / 2 / np.maximum(np.abs(d), 1e-9))) - 0.004  # the box's outline
+            walls.append((center_xy + d * r, d, z))
+    obstacles = _geom_boxes(env, (body,))
+    obbs = _geom_obbs(env, (body,))
+    robot_xy = np.asarray(env._robot.base_pos)[:2]
+    scored = []
+    for xy, normal, z in walls:
+        radial = xy - center_xy
+        radial /= max(np.linalg.norm(radial), 1e-9)
+        outer = xy + radial * 0.045
+        room = min(_clearance(outer, obstacles, z - 0.03), 0.06)
+        to_robot = robot_xy - center_xy
+        facing = float(np.dot(radial, to_robot / max(np.linalg.norm(to_robot), 1e-9)))
+        yaw = reachable_yaw(env, float(np.arctan2(normal[1], normal[0])))
+        hits = hand_collisions(env, np.array([xy[0], xy[1], z]), yaw, (body,), obbs)
+        score = room + 0.01 * facing - 0.004 * abs(yaw - cur) - 0.1 * hits
+        scored.append((score, GraspPose(np.array([xy[0], xy[1], z]), yaw, "rim")))
+    scored.sort(key=lambda s: -s[0])
+    return [p for _, p in scored]
+
+
+# --------------------------------------------------------------------------------------- pick-place
+
+
+@dataclass
+class _Phase:
+    name: str
+    steps: int = 0
+
+
+class PickPlace:
+    """Skill for ``('on', obj, target)`` / ``('in', obj, target)``: pick ``obj`` and put it on / in ``target``.
+
+    Targets: another object (its body origin, as LIBERO's ``On`` compares origins within 3 cm) or a region
+    site (its centre). The object is lowered until its bottom is ``RELEASE_HEIGHT`` above whatever lies
+    under its footprint there (a plate, a basket's floor, a bowl's rim), or until it touches, then released.
+    """
+
+    def __init__(self, env: LiberoEnv, predicate: list[str] | tuple[str, ...], max_attempts: int = MAX_ATTEMPTS):
+        pred = tuple(str(p).lower() for p in predicate)
+        if len(pred) != 3 or pred[0] not in PLACE_PREDICATES:
+            raise ConfigError(f"PickPlace takes ('on'|'in', object, target), got {list(predicate)}")
+        self.env = env
+        self.predicate = pred
+        self.outcome: str | None = None
+        self.attempts = 0
+        self.max_attempts = int(max_attempts)
+        self.failures: list[str] = []
+        self.steps = 0
+        rs = env.libero_env
+        if pred[1] not in rs.objects_dict:
+            self.outcome = "unsupported"  # a fixture cannot be carried
+            return
+        self.body = _object_body(env, pred[1])
+        self._target_name = pred[2]
+        self._target_body = None
+        self._site = None
+        if pred[2] in rs.objects_dict or pred[2] in rs.fixtures_dict:
+            self._target_body = _object_body(env, pred[2])
+        else:
+            import mujoco
+
+            site = mujoco.mj_name2id(mj_model(env), mujoco.mjtObj.mjOBJ_SITE, pred[2])
+            if site < 0:
+                self.outcome = "unsupported"
+                return
+            self._site = int(site)
+        self._new_attempt()
+
+    # ------------------------------------------------------------------------------------ protocol
+
+    def act(self) -> np.ndarray | None:
+        if self.outcome is not None:
+            return None
+        self.steps += 1
+        for _ in range(8):  # phase changes without a step in between
+            action = self._phase_action()
+            if action is not None or self.outcome is not None:
+                return action
+        return self._hold(-1.0)
+
+    # ----------------------------------------------------------------------------------- internals
+
+    def _new_attempt(self) -> None:
+        self.attempts += 1
+        if self.attempts > self.max_attempts:
+            self.outcome = self.failures[-1] if self.failures else "timeout"
+            return
+        poses = plan_grasps(self.env, self.body)
+        self.grasp = poses[(self.attempts - 1) % len(poses)] if poses else None
+        if self.grasp is None:
+            self.outcome = "unsupported"
+            return
+        self.rot = topdown_rotation(self.grasp.yaw)
+        rest_lo, rest_hi = body_box(self.env, self.body)  # where the object rests
+        self._rest_top, self._rest_lo = float(rest_hi[2]), float(rest_lo[2])
+        self.phase = _Phase("rise")
+        self._obj_z0 = float(self.env.sim.data.xpos[self.body][2])
+        self._hang = None
+        self._offset = None
+        self._last_eef = None
+        self._stall = 0
+
+    def _fail(self, kind: str) -> None:
+        self.failures.append(kind)
+        self._new_attempt()
+        if self.outcome is None:
+            self.phase = _Phase("reopen")
+
+    def _goto(self, name: str) -> None:
+        self.phase = _Phase(name)
+
+    def _hold(self, gripper: float) -> np.ndarray:
+        return step_toward(self.env, self.env.eef_pose()[0], self.rot, gripper)
+
+    def _target_xy(self) -> np.ndarray:
+        if self._site is not None:
+            return np.array(self.env.sim.data.site_xpos[self._site][:2])
+        return np.array(self.env.sim.data.xpos[self._target_body][:2])
+
+    def _travel_z(self, a_xy: np.ndarray, b_xy: np.ndarray, hang: float, exclude: tuple[int, ...]) -> float:
+        """Grip-site height that carries ``hang`` metres below it over every box near the segment a-b."""
+        top = -np.inf
+        for lo, hi in _obstacle_boxes(self.env, exclude):
+            seg_lo, seg_hi = np.minimum(a_xy, b_xy) - 0.05, np.maximum(a_xy, b_xy) + 0.05
+            if np.all(lo[:2] <= seg_hi) and np.all(hi[:2] >= seg_lo):
+                # a box overlapping the rectangle around the segment: check its distance to the segment
+                if _segment_box_distance(a_xy, b_xy, lo[:2], hi[:2]) < 0.05:
+                    top = max(top, float(hi[2]))
+        z = max(top, self._rest_top if hang < 0.02 else self._rest_lo) + hang + CLEARANCE
+        base_z = float(np.asarray(self.env._robot.base_pos)[2])
+        return float(min(z, base_z + 0.55))
+
+    def _arrived(self, goal: np.ndarray, tol: float) -> bool:
+        return float(np.linalg.norm(self.env.eef_pose()[0] - goal)) < tol
+
+    def _yaw_ok(self, tol: float = 0.08) -> bool:
+        rot = self.env.eef_pose()[1]
+        err = np.linalg.norm(_rotvec(self.rot @ rot.T))
+        return bool(err < tol)
+
+    def _stalled(self, eps: float = 0.0015, patience: int = 4) -> bool:
+        eef = self.env.eef_pose()[0]
+        if self._last_eef is not None and np.linalg.norm(eef - self._last_eef) < eps:
+            self._stall += 1
+        else:
+            self._stall = 0
+        self._last_eef = eef
+        return self._stall >= patience
+
+    def _phase_action(self) -> np.ndarray | None:  # noqa: C901 - one state machine, read top to bottom
+        env, ph, g = self.env, self.phase, self.grasp
+        ph.steps += 1
+        eef = env.eef_pose()[0]
+        obj = np.array(env.sim.data.xpos[self.body])
+        if ph.name == "reopen":  # after a failed attempt: open and back off upward
+            goal = eef.copy()
+            goal[2] = max(eef[2], g.point[2] + 0.08)
+            if ph.steps > 6 and finger_gap(env) > 0.06:
+                self._goto("rise")
+                return None
+            return step_toward(env, goal, None, -1.0)
+        if ph.name == "rise":
+            if ph.steps == 1:
+                self._travel = self._travel_z(eef[:2], g.point[:2], 0.01, exclude=(self.body,))
+                self._travel = max(self._travel, g.point[2] + 0.05)
+            if eef[2] >= self._travel - 0.03 or np.linalg.norm(eef[:2] - g.point[:2]) < 0.03 or ph.steps > 25:
+                self._goto("over")
+                return None
+            return step_toward(env, np.array([eef[0], eef[1], self._travel]), None, -1.0)
+        if ph.name == "over":
+            goal = np.array([g.point[0], g.point[1], self._travel])
+            if (self._arrived(goal, 0.015) and self._yaw_ok()) or ph.steps > 60:
+                if ph.steps > 60 and not self._arrived(goal, 0.05):
+                    self._fail("unreachable")
+                    return None
+                self._goto("descend")
+                return None
+            return step_toward(env, goal, self.rot, -1.0)
+        if ph.name == "descend":
+            # re-aim at the object's current pose (it may have been nudged) on the way down
+            goal = g.point.copy()
+            if ph.steps == 1:
+                self._last_eef = None
+                self._stall = 0
+            if self._arrived(goal, 0.006) or ph.steps > 40 or (ph.steps > 5 and self._stalled()):
+                self._goto("close")
+                return None
+            return step_toward(env, goal, self.rot, -1.0)
+        if ph.name == "close":
+            if ph.steps > 10:
+                self._goto("lift")
+                self._lift_from = eef.copy()
+                self._obj_z0 = float(obj[2])
+                return None
+            return step_toward(env, g.point, self.rot, 1.0)
+        if ph.name == "lift":
+            goal = self._lift_from + np.array([0.0, 0.0, 0.06])
+            if finger_gap(env) < CLOSED_GAP:
+                self._fail("missed")
+                return None
+            if self._arrived(goal, 0.01) or ph.steps > 20:
+                rose = float(obj[2]) - self._obj_z0
+                if rose < GRASP_RISE:
+                    self._fail("missed")
+                    return None
+                lo, _ = body_box(env, self.body)
+                self._hang = float(eef[2] - lo[2])
+                self._offset = eef[:2] - obj[:2]
+                self._rel = eef - obj
+                self._goto("carry_up")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        # --- carrying: watch for a slip
+        if ph.name in ("carry_up", "carry", "lower") and self._hang is not None:
+            if np.linalg.norm((eef - obj) - self._rel) > 0.03 or finger_gap(env) < CLOSED_GAP:
+                self._fail("slipped")
+                return None
+        if ph.name == "carry_up":
+            if ph.steps == 1:
+                dest = self._target_xy() + self._offset
+                self._travel = self._travel_z(eef[:2], dest, self._hang, exclude=(self.body,))
+            if eef[2] >= self._travel - 0.02 or ph.steps > 25:
+                self._goto("carry")
+                return None
+            return step_toward(env, np.array([eef[0], eef[1], max(self._travel, eef[2])]), self.rot, 1.0)
+        if ph.name == "carry":
+            dest = self._target_xy() + self._offset
+            goal = np.array([dest[0], dest[1], self._travel])
+            if self._arrived(goal, 0.012) or ph.steps > 60:
+                self._goto("lower")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        if ph.name == "lower":
+            dest = self._target_xy() + self._offset
+            lo, hi = body_box(env, self.body)
+            half = (hi[:2] - lo[:2]) / 2
+            obj_xy_at_dest = (lo[:2] + hi[:2]) / 2 + (dest - eef[:2])
+            support = support_height(env, obj_xy_at_dest, half, exclude_roots=(self.body,), below=float(lo[2]) + 0.005)
+            if not np.isfinite(support):
+                support = float(lo[2]) - 0.05
+            goal_z = support + RELEASE_HEIGHT + self._hang
+            goal = np.array([dest[0], dest[1], goal_z])
+            if ph.steps == 1:
+                self._last_eef = None
+                self._stall = 0
+            touching = self._target_body is not None and bodies_in_contact(env, self.body, self._target_body)
+            if self._arrived(goal, 0.008) or touching or ph.steps > 40 or (ph.steps > 4 and self._stalled(0.001)):
+                self._goto("release")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        if ph.name == "release":
+            if ph.steps > 6 and finger_gap(env) > 0.05 or ph.steps > 15:
+                self._goto("retreat")
+                self._retreat_goal = eef + np.array([0.0, 0.0, 0.08])
+                return None
+            return self._hold(-1.0)
+        if ph.name == "retreat":
+            if self._arrived(self._retreat_goal, 0.015) or ph.steps > 20:
+                self._goto("verify")
+                return None
+            return step_toward(env, self._retreat_goal, self.rot, -1.0)
+        if ph.name == "verify":
+            if predicate_holds(env, self.predicate):
+                self.outcome = "done"
+                return None
+            if ph.steps > 10:
+                self._fail("misplaced")
+                return None
+            return self._hold(-1.0)
+        raise RuntimeError(f"unknown phase {ph.name!r}")
+
+
+def _rotvec(r: np.ndarray) -> np.ndarray:
+    from scipy.spatial.transform import Rotation
+
+    return Rotation.from_matrix(r).as_rotvec()
+
+
+def _segment_box_distance(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
+    """Distance (m) in the plane between segment a-b and the box [lo, hi] (sampled along the segment)."""
+    best = np.inf
+    for t in np.linspace(0.0, 1.0, 11):
+        p = a + t * (b - a)
+        d = np.maximum(np.maximum(lo - p, p - hi), 0.0)
+        best = min(best, float(np.linalg.norm(d)))
+    return best
+
+
+# ------------------------------------------------------------------------------------------- solver
+
+
+def _articulated_skills() -> dict[str, type]:
+    try:
+        from sim.libero.articulated import ARTICULATED_SKILLS
+    except ImportError:
+        return {}
+    return dict(ARTICULATED_SKILLS)
+
+
+class _Unsupported:
+    """Stand-in skill for a predicate nobody implements: fails at once."""
+
+    def __init__(self, env: LiberoEnv, predicate):
+        self.outcome = "unsupported"
+
+    def act(self) -> np.ndarray | None:
+        return None
+
+
+@dataclass
+class _SubGoal:
+    predicate: tuple[str, ...]
+    outcome: str | None = None
+    runs: int = 0
+    redos: int = 0
+    failures: list[str] = field(default_factory=list)
+    steps: int = 0
+
+
+class LiberoSolver:
+    """Task-solving privileged expert for any ``LiberoEnv`` (``sim.api.Policy``).
+
+    Args:
+        env: the (unwrapped) LIBERO env whose sim state the solver reads.
+        noise: Gaussian sigma (action units) added to the six arm dims of every action.
+        seed: default seed for ``reset`` when none is given (noise only).
+
+    ``reset`` must be called on the state the episode starts from (after any settle steps); after the
+    episode, :meth:`episode_stats` gives the sub-goal outcomes and the failure cause.
+    """
+
+    def __init__(self, env: LiberoEnv, noise: float = 0.0, seed: int | None = None):
+        if noise < 0:
+            raise ConfigError(f"noise must be >= 0, got {noise}")
+        self.env = env
+        self.noise = float(noise)
+        self._default_seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.subgoals: list[_SubGoal] | None = None
+        self.skills = {"on": PickPlace, "in": PickPlace, **_articulated_skills()}
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start an episode on the env's current (just reset, settled) state."""
+        self.rng = np.random.default_rng(self._default_seed if seed is None else seed)
+        goals = self._with_prerequisites(order_subgoals(parse_goal(self.env.libero_env.parsed_problem)))
+        self.subgoals = [_SubGoal(g) for g in goals]
+        self._current: int | None = None
+        self._skill: Skill | None = None
+        self.steps = 0
+
+    def act(self, obs: dict[str, Any] | None = None, info: dict[str, Any] | None = None) -> np.ndarray:
+        """Action (7,) float32 in [-1, 1] for the current sim state."""
+        if self.subgoals is None:
+            raise RuntimeError("call reset() before act()")
+        self.steps += 1
+        action = None
+        for _ in range(2 * len(self.subgoals) + 4):
+            if self._skill is None and not self._start_next():
+                break
+            action = self._skill.act()
+            if action is not None:
+                self.subgoals[self._current].steps += 1
+                break
+            self._finish_skill()
+        if action is None:  # everything done (or given up): stay still, gripper open
+            action = np.zeros(7, np.float32)
+            action[6] = -1.0
+        action = np.asarray(action, dtype=np.float32).copy()
+        if self.noise > 0:
+            action[:6] += self.rng.normal(0.0, self.noise, 6).astype(np.float32)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    def episode_stats(self) -> dict[str, Any]:
+        """``subgoals`` (predicate, outcome, runs, failures, steps each), ``solved`` (every predicate holds
+        now) and ``failure`` (the first unfinished sub-goal's failure kind, None when solved)."""
+        if self.subgoals is None:
+            raise RuntimeError("call reset() first")
+        subs = []
+        for i, s in enumerate(self.subgoals):
+            outcome = s.outcome
+            holds = predicate_holds(self.env, s.predicate)
+            if outcome is None and holds:
+                outcome = "done"
+            if outcome is None:
+                outcome = "timeout" if (i == self._current or s.runs) else "not_reached"
+            subs.append({"predicate": " ".join(s.predicate), "outcome": outcome, "runs": s.runs,
+                         "failures": list(s.failures), "steps": s.steps,
+                         "holds": holds})
+        solved = all(s["holds"] for s in subs)
+        failure = None
+        if not solved:
+            first = next(s for s in subs if not s["holds"])
+            failure = first["outcome"] if first["outcome"] != "done" else "undone"
+        return {"subgoals": subs, "solved": solved, "failure": failure}
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _with_prerequisites(self, goals: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """Insert ``('open', region)`` before a placement into a region of an articulated fixture (a
+        drawer) that is shut now: libero_goal's "open the top drawer and put the bowl inside" has only the
+        ``In`` predicate."""
+        sites = getattr(self.env.libero_env, "object_sites_dict", {})
+        out: list[tuple[str, ...]] = []
+        for g in goals:
+            if g[0] in PLACE_PREDICATES and g[2] in sites and self._hinged(sites[g[2]]):
+                opener = ("open", g[2])
+                if opener not in goals and opener not in out and not predicate_holds(self.env, opener):
+                    out.append(opener)
+            out.append(g)
+        return out
+
+    def _hinged(self, site) -> bool:
+        """Whether a region site moves with one-dof joints (a drawer's slide, a door's hinge); a basket's
+        region follows its free joint, which is no thing to open."""
+        joints = getattr(site, "joints", None) or []
+        model = self.env.sim.model
+        try:
+            return bool(joints) and all(np.ndim(model.get_joint_qpos_addr(j)) == 0 for j in joints)
+        except (ValueError, KeyError):
+            return False
+
+    def _start_next(self) -> bool:
+        """Build the skill for the next sub-goal to work on; False when none is left."""
+        for i, s in enumerate(self.subgoals):
+            if s.outcome == "done":
+                if predicate_holds(self.env, s.predicate) or s.redos >= MAX_REDOS:
+                    continue
+                s.redos += 1  # came undone: redo it
+                s.outcome, s.runs = None, 0
+            if s.outcome is not None:  # given up
+                continue
+            if predicate_holds(self.env, s.predicate) and s.runs == 0:
+                s.outcome = "done"  # already true (e.g. a drawer that starts closed)
+                continue
+            if s.runs >= MAX_SKILL_RUNS:
+                s.outcome = s.failures[-1] if s.failures else "timeout"
+                continue
+            s.runs += 1
+            cls = self.skills.get(s.predicate[0], _Unsupported)
+            self._skill = cls(self.env, list(s.predicate))
+            self._current = i
+            return True
+        self._current = None
+        return False
+
+    def _finish_skill(self) -> None:
+        s = self.subgoals[self._current]
+        outcome = self._skill.outcome or "timeout"
+        if outcome == "done":
+            s.outcome = "done"
+        else:
+            s.failures.append(outcome)
+            if outcome == "unsupported":
+                s.outcome = "unsupported"
+        self._skill = None
+
+
+# -------------------------------------------------------------------------------------- measurement
+
+
+def run_episode(env: LiberoEnv, init_state_id: int, max_steps: int | None = None, settle_steps: int = 10,
+                noise: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """One evaluation-protocol episode: reset to ``init_state_id``, ``settle_steps`` no-op steps (gripper
+    open), then the solver until success or the suite's step limit (counting the settle steps)."""
+    from sim.libero.suites import MAX_EPISODE_STEPS
+
+    limit = MAX_EPISODE_STEPS[env.task.suite] if max_steps is None else int(max_steps)
+    obs, info = env.reset(seed=seed, options={"init_state_id": int(init_state_id)})
+    idle = np.array([0.0] * 6 + [-1.0], dtype=np.float32)
+    success, steps = False, 0
+    for _ in range(settle_steps):
+        obs, _, term, _, info = env.step(idle)
+        steps += 1
+    solver = LiberoSolver(env, noise=noise, seed=seed)
+    solver.reset()
+    while steps < limit:
+        obs, _, term, trunc, info = env.step(solver.act(obs, info))
+        steps += 1
+        if info.get("success"):
+            success = True
+            break
+        if term or trunc:
+            break
+    stats = solver.episode_stats()
+    stats.update(success=success, steps=steps, init_state_id=int(init_state_id))
+    if not success and stats["failure"] is None:
+        stats["failure"] = "undone"
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m sim.libero.solver --suite S --tasks 0 1 --init-states N``: success per task, failure kinds."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default="libero_spatial")
+    parser.add_argument("--tasks", type=int, nargs="*", default=None, help="task indices (default: all)")
+    parser.add_argument("--init-states", type=int, default=10, help="init states 0..N-1 per task")
+    parser.add_argument("--first-init-state", type=int, default=0)
+    parser.add_argument("--noise", type=float, default=0.0)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    from collections import Counter
+
+    from sim.libero.suites import list_tasks
+
+    tasks = args.tasks if args.tasks is not None else [t.index for t in list_tasks(args.suite)]
+    total, wins, causes = 0, 0, Counter()
+    for ti in tasks:
+        env = LiberoEnv(args.suite, ti, images=False)
+        ok = 0
+        ids = range(args.first_init_state, args.first_init_state + args.init_states)
+        for k in ids:
+            st = run_episode(env, k, noise=args.noise, seed=k)
+            ok += st["success"]
+            if not st["success"]:
+                causes[st["failure"]] += 1
+            if args.verbose or not st["success"]:
+                subs = "; ".join(f"{s['predicate']}={s['outcome']}{s['failures']}" for s in st["subgoals"])
+                print(f"  {args.suite}/{ti} init {k}: success={st['success']} steps={st['steps']} {subs}", flush=True)
+        env.close()
+        total += len(ids)
+        wins += ok
+        print(f"{args.suite}/{ti}: {ok}/{len(ids)}  {env.task.language}", flush=True)
+    print(f"{args.suite}: {wins}/{total} = {100.0 * wins / max(total, 1):.1f} %  failures: {dict(causes)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The task-solving LIBERO expert: goal parsing, sub-goal order, grasp-pose rules on known geometry, and
+solving libero_spatial/0 and libero_object/0 from init state 0 in the benchmark's protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigError
+
+pytest.importorskip("libero")
+
+from sim.libero import solver as S  # noqa: E402
+from sim.libero.env import LiberoEnv  # noqa: E402
+from sim.libero.motion import closing_axis, reachable_yaw, topdown_rotation  # noqa: E402
+from sim.libero.suites import get_task  # noqa: E402
+
+SETTLE = np.array([0.0] * 6 + [-1.0], dtype=np.float32)
+
+
+def _bddl_goal(suite: str, index: int):
+    from sim.libero._bootstrap import prepare_libero
+
+    prepare_libero()
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    return robosuite_parse_problem(str(get_task(suite, index).bddl_path()))
+
+
+@pytest.fixture(scope="module")
+def spatial_env():
+    env = LiberoEnv("libero_spatial", 0, images=False)
+    env.reset(seed=0, options={"init_state_id": 0})
+    for _ in range(10):
+        env.step(SETTLE)
+    yield env
+    env.close()
+
+
+# ---------------------------------------------------------------------------------------- goals
+
+
+def test_parse_goal_reads_real_bddl_goals():
+    assert S.parse_goal(_bddl_goal("libero_spatial", 0)) == [("on", "akita_black_bowl_1", "plate_1")]
+    assert S.parse_goal(_bddl_goal("libero_object", 0)) == [("in", "alphabet_soup_1", "basket_1_contain_region")]
+    assert S.parse_goal(_bddl_goal("libero_goal", 0)) == [("open", "wooden_cabinet_1_middle_region")]
+    two = S.parse_goal(_bddl_goal("libero_10", 1))
+    assert two == [("in", "cream_cheese_1", "basket_1_contain_region"), ("in", "butter_1", "basket_1_contain_region")]
+
+
+def test_parse_goal_refuses_malformed_goals():
+    for bad in ({}, {"goal_state": []}, {"goal_state": [["on"]]}, {"goal_state": [["on", 1, 2]]}):
+        with pytest.raises(ConfigError):
+            S.parse_goal(bad)
+
+
+def test_placement_into_a_container_goes_before_closing_it():
+    goals = [("close", "white_cabinet_1_bottom_region"), ("in", "akita_black_bowl_1", "white_cabinet_1_bottom_region")]
+    assert S.order_subgoals(goals) == goals[::-1]
+    mw = [("in", "white_yellow_mug_1", "microwave_1_heating_region"), ("close", "microwave_1")]
+    assert S.order_subgoals(mw) == mw  # already in a workable order
+    other = [("turnon", "flat_stove_1"), ("on", "moka_pot_1", "flat_stove_1_cook_region")]
+    assert S.order_subgoals(other) == other  # BDDL order kept otherwise
+    assert S._owner("wooden_cabinet_1_top_region") == "wooden_cabinet_1"
+    assert S._owner("microwave_1") == "microwave_1"
+
+
+# ------------------------------------------------------------------------------------- geometry
+
+
+def test_topdown_rotation_points_down_with_the_closing_axis_at_the_yaw():
+    for yaw in (0.0, 0.7, -2.0):
+        r = topdown_rotation(yaw)
+        assert np.allclose(r.T @ r, np.eye(3), atol=1e-9) and np.isclose(np.linalg.det(r), 1.0)
+        assert np.allclose(r[:, 2], [0, 0, -1]) and np.allclose(r[:2, 0], [np.cos(yaw), np.sin(yaw)])
+
+
+def test_reachable_yaw_keeps_the_wrist_inside_its_range(spatial_env):
+    env = spatial_env
+    q7 = float(env.sim.data.qpos[env._robot._ref_joint_pos_indexes[-1]])
+    c = S.gripper_yaw(env) + q7
+    for yaw in np.linspace(-np.pi, np.pi, 13):
+        y = reachable_yaw(env, float(yaw))
+        assert abs(((y - yaw) / np.pi) - round((y - yaw) / np.pi)) < 1e-9  # same axis, mod pi
+        assert abs(c - y) <= 2.6 + 1e-9  # q7 = c - yaw stays inside the limit
+
+
+def test_bowl_is_grasped_by_the_rim_with_fingers_straddling_the_wall(spatial_env):
+    env = spatial_env
+    bowl = S._object_body(env, "akita_black_bowl_1")
+    lo, hi = S.body_box(env, bowl)
+    center = np.array(env.sim.data.xpos[bowl])
+    poses = S.plan_grasps(env, bowl)
+    assert poses and all(p.kind == "rim" for p in poses)
+    for p in poses[:4]:
+        radial = p.point[:2] - center[:2]
+        r = float(np.linalg.norm(radial))
+        assert 0.040 < r < 0.052, r  # on the upper wall (outer radius 5.35 cm, walls 2.6 mm thick)
+        closing = np.array([np.cos(p.yaw), np.sin(p.yaw)])
+        assert abs(np.dot(closing, radial / r)) > 0.9  # fingers close across the wall (radially)
+        assert hi[2] - 0.03 < p.point[2] < hi[2] - 0.005  # pads on the wall below the rim
+
+
+def test_box_is_grasped_from_the_top_across_its_narrow_axis(spatial_env):
+    env = spatial_env
+    body = S._object_body(env, "cookies_1")
+    center, axes, half = S.body_frame_box(env, body)
+    poses = S.plan_grasps(env, body)
+    assert poses[0].kind == "top"
+    narrow = int(np.argmin(half[:2]))
+    closing = np.array([np.cos(poses[0].yaw), np.sin(poses[0].yaw), 0.0])
+    assert abs(np.dot(closing, axes[:, narrow])) > 0.95
+    assert np.isclose(poses[0].width, 2 * half[narrow], atol=2e-3) and poses[0].width < 0.07
+    assert np.linalg.norm(poses[0].point[:2] - center[:2]) < 1e-6
+
+
+def test_pickplace_refuses_predicates_it_cannot_do(spatial_env):
+    with pytest.raises(ConfigError):
+        S.PickPlace(spatial_env, ["open", "wooden_cabinet_1_top_region"])
+    assert S.PickPlace(spatial_env, ["on", "wooden_cabinet_1", "plate_1"]).outcome == "unsupported"  # a fixture
+
+
+def test_a_goal_without_a_skill_fails_as_unsupported(spatial_env):
+    env = spatial_env
+    problem = env.libero_env.parsed_problem
+    saved = problem["goal_state"]
+    problem["goal_state"] = [["open", "wooden_cabinet_1_top_region"]]
+    try:
+        solver = S.LiberoSolver(env)
+        solver.skills = {"on": S.PickPlace, "in": S.PickPlace}
+        solver.reset()
+        action = solver.act()
+        assert action.shape == (7,) and action.dtype == np.float32 and action[6] == -1.0
+        stats = solver.episode_stats()
+    finally:
+        problem["goal_state"] = saved
+    assert stats["subgoals"][0]["outcome"] == "unsupported" and stats["failure"] == "unsupported"
+
+
+# ---------------------------------------------------------------------------------------- solving
+
+
+@pytest.mark.parametrize("suite", ["libero_spatial", "libero_object"])
+def test_solver_solves_task_0_from_init_state_0(suite):
+    env = LiberoEnv(suite, 0, images=False)
+    try:
+        stats = S.run_episode(env, 0)
+    finally:
+        env.close()
+    assert stats["success"], stats
+    assert stats["subgoals"][0]["outcome"] == "done" and stats["failure"] is None
+    assert stats["steps"] <= {"libero_spatial": 220, "libero_object": 280}[suite]
+
+
+def test_closing_axis_matches_the_grip_site_x_axis(spatial_env):
+    # topdown_rotation sets the site's x axis; the fingers separate along it (up to sign)
+    x = spatial_env.eef_pose()[1][:, 0].copy()
+    x[2] = 0
+    assert abs(np.dot(closing_axis(spatial_env), x / np.linalg.norm(x))) > 0.99
