@@ -1,0 +1,228 @@
+"""Demonstrations offline: successful expert episodes per LIBERO task, in LIBERO's own demo layout.
+
+LIBERO's human demonstrations are a download that cannot happen here, so this module makes the same
+files from a policy that solves the tasks (the privileged expert, ``sim.libero.solver``): for each task,
+``<out>/<suite>/<task name>_demo.hdf5``. That is LIBERO's dataset tree, and the layout its
+``scripts/create_dataset.py`` writes (see ``sim.libero.demos``). A user's downloaded LIBERO demos and
+these files go through the same loader (``core.data.trajectories``) and the same training commands.
+
+How one task is recorded:
+
+1. **Blind pass** (``images=False``, about 20x faster on a CPU). Attempt ``k`` resets the env with
+   ``seed + k`` to a placement that LIBERO's own samplers draw (``init_state_id="sampled"``). This is the
+   distribution the 50 fixed evaluation states come from, but none of them, so an evaluation on those
+   states stays held out. The pass sends ``settle_steps`` no-op actions, then runs the policy until
+   LIBERO's goal check succeeds or the suite's step limit is reached. It keeps the actions of the
+   successful attempts.
+2. **Replay with cameras.** Each successful attempt is replayed on an env that renders (``image_size``,
+   agent view and wrist). It gets the same seed, the same settle steps and the same actions, and MuJoCo
+   is deterministic. Every frame is recorded, and the replay must end in success again (else a
+   ``RuntimeError``: the two envs differ).
+
+Rendering therefore costs only what is kept. Unlike LIBERO's regenerated files, ``obs[t]`` here is the
+observation *before* ``actions[t]``, consistent with ``states[t]``. LIBERO pairs each action with the
+observation after it. The settle steps are not recorded, which plays the role of LIBERO skipping its
+first 5 steps. ``rewards`` and ``dones`` are 1 on the last step only, as in LIBERO's files.
+
+A task whose file exists with the same setting is skipped, so a killed recording resumes at its next
+task. Each file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import ConfigError
+from core.logging import get_logger
+from sim.libero.suites import MAX_EPISODE_STEPS, LiberoTask, get_task, list_tasks, normalize_suite
+
+log = get_logger("embodied.libero")
+
+NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0], dtype=np.float32)  # hold still, gripper open
+
+
+@dataclass(frozen=True)
+class RecordSetting:
+    """What a demo file was recorded with, stored in it (``data`` attr ``embodied_record``) to resume."""
+
+    policy: str
+    image_size: int
+    wrist_image: bool
+    settle_steps: int
+    max_steps: int
+    seed: int
+
+
+def demo_path(out: str | Path, task: LiberoTask) -> Path:
+    """``<out>/<suite>/<task name>_demo.hdf5``, LIBERO's dataset tree."""
+    return Path(out) / task.suite / f"{task.name}_demo.hdf5"
+
+
+def _expert_factory(env):
+    from sim.libero.solver import LiberoSolver
+
+    return LiberoSolver(env)
+
+
+def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int) -> tuple[bool, list[np.ndarray], str]:
+    """One episode on a (fast) env from the sampled placement of ``seed``. Returns
+    ``(success, actions after the settle steps, reason)``; ``reason`` is "" on success."""
+    obs, info = env.reset(seed=seed, options={"init_state_id": "sampled"})
+    for _ in range(settle_steps):
+        obs, _, _, _, info = env.step(NOOP_ACTION)
+    policy.reset(seed=seed)
+    actions: list[np.ndarray] = []
+    for _ in range(max_steps):
+        action = np.asarray(policy.act(obs, info), dtype=np.float32)
+        actions.append(action)
+        obs, _, _, _, info = env.step(action)
+        if info.get("failure"):
+            return False, actions, str(info["failure"])
+        if info.get("success"):
+            return True, actions, ""
+    return False, actions, "step limit"
+
+
+def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.ndarray]):
+    """Replay ``actions`` from the sampled placement of ``seed`` on a rendering env; a ``LiberoDemo``."""
+    from sim.libero.demos import LiberoDemo, libero_obs_from_env
+
+    obs, _ = env.reset(seed=seed, options={"init_state_id": "sampled"})
+    for _ in range(settle_steps):
+        obs, *_ = env.step(NOOP_ACTION)
+    frames, states, robot = [], [], []
+    success = False
+    for action in actions:
+        frames.append(libero_obs_from_env(obs))
+        states.append(env.sim.get_state().flatten())
+        raw = env.raw_obs
+        robot.append(np.concatenate([raw["robot0_gripper_qpos"], raw["robot0_eef_pos"], raw["robot0_eef_quat"]]))
+        obs, _, _, _, info = env.step(action)
+        success = bool(info.get("success"))
+    if not success:
+        raise RuntimeError(f"{env.task.task_id} seed {seed}: the replay with cameras did not succeed "
+                           "(the blind and the rendering env disagree)")
+    n = len(actions)
+    last = np.eye(n, dtype=np.uint8)[-1]
+    return LiberoDemo(
+        actions=np.stack(actions).astype(np.float64),
+        states=np.stack(states),
+        obs={k: np.stack([f[k] for f in frames]) for k in frames[0]},
+        rewards=last,
+        dones=last.copy(),
+        robot_states=np.stack(robot),
+        attrs={"init_state": states[0], "model_file": env.sim.model.get_xml(), "seed": int(seed)},
+    )
+
+
+def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = "expert",
+                policy_factory: Callable | None = None, image_size: int = 128, wrist_image: bool = True,
+                settle_steps: int = 10, max_steps: int | None = None, max_attempts: int | None = None,
+                seed: int = 0) -> dict[str, Any]:
+    """Record ``demos`` successful episodes of ``task`` into its demo file; a summary dict.
+
+    Args:
+        policy: name stored with the file (``"expert"``); ``policy_factory(env) -> Policy`` builds it
+            (default: ``sim.libero.solver.LiberoSolver``).
+        max_attempts: blind attempts before giving up on the task (default ``3 * demos``); a task with
+            fewer successes writes what it has and says so in the summary.
+    """
+    from sim.libero.demos import write_libero_demo_file
+    from sim.libero.env import LiberoEnv
+
+    max_steps = int(max_steps or MAX_EPISODE_STEPS[task.suite])
+    max_attempts = int(max_attempts or 3 * demos)
+    setting = RecordSetting(policy, int(image_size), bool(wrist_image), int(settle_steps), max_steps, int(seed))
+    path = demo_path(out, task)
+    done = _recorded(path, setting, demos)
+    if done is not None:
+        return {**done, "skipped": True}
+    factory = policy_factory or _expert_factory
+    t0 = time.perf_counter()
+    kept: list[tuple[int, list[np.ndarray]]] = []
+    reasons: dict[str, int] = {}
+    blind = LiberoEnv(task.suite, task.index, images=False)
+    try:
+        agent = factory(blind)
+        attempts = 0
+        while len(kept) < demos and attempts < max_attempts:
+            s = seed + attempts
+            attempts += 1
+            ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps)
+            if ok:
+                kept.append((s, actions))
+            else:
+                reasons[reason] = reasons.get(reason, 0) + 1
+    finally:
+        blind.close()
+    cam = LiberoEnv(task.suite, task.index, image_size=image_size, wrist_image=wrist_image)
+    try:
+        episodes = [replay_with_cameras(cam, s, settle_steps, actions) for s, actions in kept]
+        problem = cam.libero_env.parsed_problem
+        env_name = type(cam.libero_env).__name__
+        kwargs = {"bddl_file_name": task.bddl_file, "camera_names": ["agentview", "robot0_eye_in_hand"],
+                  "camera_heights": image_size, "camera_widths": image_size, "control_freq": 20,
+                  "ignore_done": True, "use_camera_obs": True}
+    finally:
+        cam.close()
+    from sim.libero._bootstrap import prepare_libero
+
+    bddl_text = task.bddl_path(prepare_libero()["benchmark_root"]).read_text()
+    if episodes:
+        write_libero_demo_file(
+            path, episodes,
+            problem_info={"problem_name": problem["problem_name"], "domain_name": problem.get("domain_name", ""),
+                          "language_instruction": task.bddl_language},
+            bddl_file_name=task.bddl_file,
+            bddl_file_content=bddl_text,
+            env_args={"type": 1, "env_name": env_name, "problem_name": problem["problem_name"],
+                      "bddl_file": task.bddl_file, "env_kwargs": kwargs},
+            extra_attrs={"embodied_record": json.dumps(asdict(setting)), "language": task.language},
+        )
+    summary = {"task": task.task_id, "name": task.name, "path": str(path) if episodes else None,
+               "demos": len(episodes), "attempts": attempts, "failures": reasons,
+               "frames": int(sum(len(e.actions) for e in episodes)), "seconds": round(time.perf_counter() - t0, 1)}
+    log.info("%s: %d / %d demos in %d attempts (%s)", task.task_id, len(episodes), demos, attempts,
+             ", ".join(f"{k} {v}" for k, v in reasons.items()) or "no failures")
+    return summary
+
+
+def _recorded(path: Path, setting: RecordSetting, demos: int) -> dict[str, Any] | None:
+    """The summary of an existing file recorded with ``setting`` holding >= ``demos`` demos, else None."""
+    if not path.is_file():
+        return None
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            stored = f["data"].attrs.get("embodied_record")
+            n = int(f["data"].attrs.get("num_demos", 0))
+            frames = int(f["data"].attrs.get("total", 0))
+    except (OSError, KeyError):
+        return None
+    if stored is None or json.loads(stored) != asdict(setting) or n < demos:
+        return None
+    return {"path": str(path), "demos": n, "frames": frames}
+
+
+def resolve_tasks(suite: str, tasks: Sequence[int] | None = None) -> list[LiberoTask]:
+    """The tasks of ``suite`` (``"all"``: every suite), optionally only the indices in ``tasks``."""
+    suites = ["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"] if suite == "all" \
+        else [normalize_suite(suite)]
+    if tasks is not None and suite == "all":
+        raise ConfigError("--tasks needs one --suite, not 'all'")
+    out = []
+    for s in suites:
+        n = len(list_tasks(s))
+        for i in tasks if tasks is not None else range(n):
+            if not 0 <= int(i) < n:
+                raise ConfigError(f"{s} has tasks 0..{n - 1}, got {i}")
+            out.append(get_task(s, int(i)))
+    return out
