@@ -6,6 +6,7 @@ Modules:
     features   frozen ImageNet EfficientNet-Lite0 (``load_feature_network``): ``fd_effnet`` /
                ``frechet_distance`` (FID formula, NOT comparable to published FID), ``feature_distance``
                (1 - cosine of pooled features), ImageNet ``classify`` and ``imagenet_class_names``
+    intervals  ``wilson_interval`` (95 % Wilson score interval of a success rate)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "frechet_distance": "features",
     "feature_distance": "features",
     "imagenet_class_names": "features",
+    "wilson_interval": "intervals",
 }
 
 __all__ = sorted(_EXPORTS)
