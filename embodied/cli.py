@@ -140,6 +140,37 @@ def _cmd_drive_eval(args) -> int:
     return drive_eval(args)
 
 
+def _add_libero(sub) -> None:
+    p = sub.add_parser("libero", help="the LIBERO benchmark: evaluate a policy with its protocol",
+                       description="The LIBERO benchmark (130 tasks in five suites, 50 fixed init states each).")
+    cmds = p.add_subparsers(dest="libero_cmd", metavar="CMD", required=True)
+    _add_libero_eval(cmds)  # further `embodied libero CMD` commands get an _add_libero_<cmd>(cmds) each
+
+
+def _add_libero_eval(cmds) -> None:
+    e = cmds.add_parser(
+        "eval", help="success rate per task / suite with Wilson intervals, videos, HTML (resumable)",
+        description="Evaluate a policy the way VLA papers and lerobot-eval do: one episode per fixed init state "
+                    "(episode k of a task starts from init state k), the suite's step limit (spatial 220, object "
+                    "280, goal 300, libero_10 520, libero_90 400 policy steps) after --settle-steps no-op steps "
+                    "that do not count, success = LIBERO's BDDL goal check. Writes episodes.jsonl (one line per "
+                    "finished episode), eval_info.json (per task / suite / overall pc_success with Wilson 95 % "
+                    "intervals), index.html and mp4s of the first episodes. Rerun the same command to resume a "
+                    "killed evaluation: finished episodes are skipped. A policy that raises or returns a NaN / "
+                    "wrong-shape action, a diverging simulator or a dying worker fails only its episode. "
+                    "expert / scripted / random read the sim state and run without camera images.")
+    from sim.libero.evaluate import configure_eval_parser
+
+    configure_eval_parser(e, _positive_int, _non_negative_int)
+    e.set_defaults(func=_cmd_libero_eval)
+
+
+def _cmd_libero_eval(args) -> int:
+    from sim.libero.evaluate import eval_command
+
+    return eval_command(args)
+
+
 def _add_train_eval(sub) -> None:
     from core.registry import method_specs
     from embodied.methods import arm_names
@@ -424,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_infer(sub)
     _add_sim(sub)
     _add_drive(sub)
+    _add_libero(sub)
     _add_train_eval(sub)
     _add_methods(sub)
     _add_models(sub)

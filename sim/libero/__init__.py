@@ -8,8 +8,14 @@ Modules:
     suites         suite / task listing (static table checked against LIBERO's benchmark module)
     registration   ``register()``: ``embodied/Libero-<suite>-<task_index>-v0`` for all 130 tasks
     env            ``LiberoEnv``: the Gymnasium env (obs ``image``, ``wrist_image``, ``proprio``)
-    expert         ``LiberoReachGraspExpert``: scripted reach-and-grasp policy with noise
+    expert         ``LiberoReachGraspExpert``: scripted reach-and-grasp policy with noise (interaction data)
+    motion         OSC move-to actions and object geometry from the sim, for scripted policies
+    solver         ``LiberoSolver``: the privileged expert that solves tasks from the BDDL goal
+    articulated    its skills for drawers, microwave doors and stove knobs
     demos          LIBERO demonstration-file layout (HDF5) and the env-obs <-> demo-key mapping
+    record         successful expert episodes per task, in that layout (``embodied libero record``)
+    evaluate       the benchmark protocol (``embodied libero eval``): 50 init states per task, workers,
+                   resume, ``eval_info.json`` with Wilson intervals, videos, an HTML page
 
 Rendering and the learning stack: importing triton (``import timm``, ``torch._dynamo``,
 ``torch.compile``) AFTER an EGL render context exists segfaults the process (Mesa llvmpipe and

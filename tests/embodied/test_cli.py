@@ -20,6 +20,7 @@ CONTRACT = [
     ["sim", "rollout"],
     ["sim", "make-dataset"],
     ["drive", "eval"],
+    ["libero", "eval"],
     ["train"],
     ["eval"],
 ]
