@@ -141,10 +141,11 @@ def _cmd_drive_eval(args) -> int:
 
 
 def _add_libero(sub) -> None:
-    p = sub.add_parser("libero", help="the LIBERO benchmark: evaluate a policy with its protocol",
+    p = sub.add_parser("libero", help="the LIBERO benchmark: evaluate a policy with its protocol, record demos",
                        description="The LIBERO benchmark (130 tasks in five suites, 50 fixed init states each).")
     cmds = p.add_subparsers(dest="libero_cmd", metavar="CMD", required=True)
     _add_libero_eval(cmds)  # further `embodied libero CMD` commands get an _add_libero_<cmd>(cmds) each
+    _add_libero_record(cmds)
 
 
 def _add_libero_eval(cmds) -> None:
@@ -169,6 +170,29 @@ def _cmd_libero_eval(args) -> int:
     from sim.libero.evaluate import eval_command
 
     return eval_command(args)
+
+
+def _add_libero_record(cmds) -> None:
+    e = cmds.add_parser(
+        "record", help="successful expert demonstrations per task in LIBERO's own HDF5 demo layout",
+        description="Record demonstrations offline with the privileged expert: for each task, episodes that start "
+                    "from placements LIBERO's samplers draw (not the 50 evaluation init states) and reach the "
+                    "BDDL goal, written as <out>/<suite>/<task>_demo.hdf5 in the layout of LIBERO's "
+                    "create_dataset.py (data/demo_i/{actions, states, robot_states, rewards, dones, "
+                    "obs/{agentview_rgb, eye_in_hand_rgb, ee_pos, ee_ori, ee_states, gripper_states, "
+                    "joint_states}} and the env / BDDL attributes), so that LIBERO's downloaded demos and these "
+                    "go through the same loader and training commands. Failed attempts are not rendered. "
+                    "Rerun to resume: finished tasks are kept. Exit 1 if a task got fewer demos than asked.")
+    from sim.libero.record import configure_record_parser
+
+    configure_record_parser(e, _positive_int, _non_negative_int)
+    e.set_defaults(func=_cmd_libero_record)
+
+
+def _cmd_libero_record(args) -> int:
+    from sim.libero.record import record_command
+
+    return record_command(args)
 
 
 def _add_train_eval(sub) -> None:

@@ -41,10 +41,11 @@ import numpy as np
 
 from core.errors import ConfigError
 from core.logging import get_logger
-from sim.libero.suites import MAX_EPISODE_STEPS, LiberoTask, get_task, list_tasks, normalize_suite
+from sim.libero.suites import MAX_EPISODE_STEPS, LiberoTask
 
 log = get_logger("embodied.libero")
 
+COMMAND = "libero record"
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0], dtype=np.float32)  # hold still, gripper open
 
 
@@ -212,17 +213,53 @@ def _recorded(path: Path, setting: RecordSetting, demos: int) -> dict[str, Any] 
     return {"path": str(path), "demos": n, "frames": frames}
 
 
-def resolve_tasks(suite: str, tasks: Sequence[int] | None = None) -> list[LiberoTask]:
-    """The tasks of ``suite`` (``"all"``: every suite), optionally only the indices in ``tasks``."""
-    suites = ["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"] if suite == "all" \
-        else [normalize_suite(suite)]
-    if tasks is not None and suite == "all":
-        raise ConfigError("--tasks needs one --suite, not 'all'")
-    out = []
-    for s in suites:
-        n = len(list_tasks(s))
-        for i in tasks if tasks is not None else range(n):
-            if not 0 <= int(i) < n:
-                raise ConfigError(f"{s} has tasks 0..{n - 1}, got {i}")
-            out.append(get_task(s, int(i)))
-    return out
+def record_command(args: Any) -> int:
+    """``embodied libero record``: record ``--demos-per-task`` expert demos per chosen task; print a table."""
+    from core.bootstrap import prepare_process
+    from core.io import write_json
+    from core.outputs import claim_output
+    from sim.libero.evaluate import parse_task_ids, select_episodes
+
+    prepare_process(learning_stack=False)
+    tasks = [t for t, _ in select_episodes(args.suite, parse_task_ids(args.tasks))]
+    if args.demos_per_task < 1:
+        raise ConfigError(f"--demos-per-task: must be >= 1, got {args.demos_per_task}")
+    signature = {"policy": "expert", "image_size": args.image_size, "wrist_image": not args.no_wrist,
+                 "settle_steps": args.settle_steps, "max_steps": args.max_steps, "seed": args.seed}
+    rows = []
+    with claim_output(args.out, command=COMMAND, overwrite=args.overwrite, staged=False,
+                      signature=signature) as folder:
+        for task in tasks:
+            rows.append(record_task(task, args.demos_per_task, folder, image_size=args.image_size,
+                                    wrist_image=not args.no_wrist, settle_steps=args.settle_steps,
+                                    max_steps=args.max_steps, max_attempts=args.max_attempts, seed=args.seed))
+            write_json(folder / "record_summary.json", {"setting": signature, "tasks": rows})
+    print(f"{'TASK':<18}{'DEMOS':>6}{'ATTEMPTS':>10}{'FRAMES':>8}  FAILURES")
+    for r in rows:
+        fails = ", ".join(f"{k} {v}" for k, v in r.get("failures", {}).items()) or ("(kept)" if r.get("skipped") else "-")
+        print(f"{r.get('task', '?'):<18}{r['demos']:>6}{r.get('attempts', 0):>10}{r['frames']:>8}  {fails}")
+    short = [r for r in rows if r["demos"] < args.demos_per_task]
+    print(f"-> {Path(args.out)} ({len(rows) - len(short)} / {len(rows)} tasks complete)")
+    return 0 if not short else 1
+
+
+def configure_record_parser(p: Any, positive_int: Callable[[str], int], non_negative_int: Callable[[str], int]) -> None:
+    """The ``embodied libero record`` flags (argparse ``p``; the CLI's integer parsers)."""
+    p.add_argument("--suite", required=True, help="libero_spatial | libero_object | libero_goal | libero_10 | "
+                                                  "libero_90 | all (short names work too)")
+    p.add_argument("--tasks", default=None, metavar="IDS", help="task indices, e.g. 0,3 or 0-4 (default: all)")
+    p.add_argument("--demos-per-task", type=positive_int, default=50, dest="demos_per_task",
+                   help="successful episodes per task (LIBERO ships 50 human ones; default: %(default)s)")
+    p.add_argument("--max-attempts", type=positive_int, default=None, dest="max_attempts",
+                   help="expert attempts per task before giving up (default: 3 x demos)")
+    p.add_argument("--image-size", type=positive_int, default=128, dest="image_size",
+                   help="camera side in pixels (LIBERO's demos: 128)")
+    p.add_argument("--no-wrist", action="store_true", help="leave out the eye-in-hand camera")
+    p.add_argument("--max-steps", type=positive_int, default=None, dest="max_steps",
+                   help="policy steps per attempt (default: the suite's evaluation limit)")
+    p.add_argument("--settle-steps", type=non_negative_int, default=10, dest="settle_steps",
+                   help="no-op steps after reset, not recorded (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="attempt k draws its placement from seed + k")
+    p.add_argument("--out", required=True, type=Path,
+                   help="dataset folder (<out>/<suite>/<task>_demo.hdf5; resumed when rerun with the same settings)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in a folder that holds another recording")

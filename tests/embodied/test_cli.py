@@ -21,6 +21,7 @@ CONTRACT = [
     ["sim", "make-dataset"],
     ["drive", "eval"],
     ["libero", "eval"],
+    ["libero", "record"],
     ["train"],
     ["eval"],
 ]

@@ -10,12 +10,16 @@ record``) must produce the same structure.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+REPO = Path(__file__).resolve().parents[3]
 T, H = 12, 32
 LANGUAGE = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 
@@ -157,19 +161,28 @@ def test_our_writer_makes_libero_s_structure(tmp_path):
     assert a == b, {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
 
 
-@pytest.mark.timeout(600)
+def _embodied(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.timeout(900)
 def test_recorded_expert_demo_has_libero_s_layout_and_replays_to_success(tmp_path):
-    """``record_task``: a successful expert episode from a sampled placement, in LIBERO's layout; its actions,
-    replayed from the stored seed, solve the task again; a second call with the same setting is a no-op."""
+    """``embodied libero record`` run from a user's folder writes a successful expert episode from a sampled
+    placement in LIBERO's layout; its actions, replayed from the stored seed, solve the task again; a rerun
+    keeps the finished task; a folder holding the user's own files is refused."""
     from core.data.trajectories import TrajectoryFile
     from sim.libero.env import LiberoEnv
-    from sim.libero.record import NOOP_ACTION, record_task
+    from sim.libero.record import NOOP_ACTION
     from sim.libero.suites import get_task
 
     task = get_task("libero_object", 0)
-    s = record_task(task, 1, tmp_path / "demos", image_size=H)
-    path = Path(s["path"])
-    assert s["demos"] == 1 and path == tmp_path / "demos" / "libero_object" / f"{task.name}_demo.hdf5"
+    flags = ["--suite", "libero_object", "--tasks", "0", "--demos-per-task", "1", "--image-size", str(H)]
+    r = _embodied("libero", "record", *flags, "--out", "demos", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "demos" / "libero_object" / f"{task.name}_demo.hdf5"
+    assert path.is_file() and "1 / 1 tasks complete" in r.stdout
     ref = tmp_path / "ref.hdf5"
     write_by_hand(ref, episodes=1)
     a, b = _structure(ref), _structure(path)
@@ -190,5 +203,13 @@ def test_recorded_expert_demo_has_libero_s_layout_and_replays_to_success(tmp_pat
         assert infos[-1]["success"] and not any(i["success"] for i in infos[:-1])  # success on the last step
     finally:
         env.close()
-    again = record_task(task, 1, tmp_path / "demos", image_size=H)
-    assert again.get("skipped") and again["demos"] == 1
+    before = path.read_bytes()
+    r = _embodied("libero", "record", *flags, "--out", "demos", cwd=tmp_path)
+    assert r.returncode == 0 and "(kept)" in r.stdout and path.read_bytes() == before, r.stderr
+    mine = tmp_path / "my_libero_datasets"
+    (mine / "libero_object").mkdir(parents=True)
+    write_by_hand(mine / "libero_object" / path.name, episodes=1)
+    theirs = (mine / "libero_object" / path.name).read_bytes()
+    r = _embodied("libero", "record", *flags, "--out", str(mine), "--overwrite", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert (mine / "libero_object" / path.name).read_bytes() == theirs  # never replaced, even with --overwrite
