@@ -140,59 +140,45 @@ def _cmd_drive_eval(args) -> int:
     return drive_eval(args)
 
 
+_LIBERO_EVAL = (
+    "Evaluate a policy the way VLA papers and lerobot-eval do: one episode per fixed init state "
+    "(episode k of a task starts from init state k), the suite's step limit (spatial 220, object "
+    "280, goal 300, libero_10 520, libero_90 400 policy steps) after --settle-steps no-op steps "
+    "that do not count, success = LIBERO's BDDL goal check. Writes episodes.jsonl (one line per "
+    "finished episode), eval_info.json (per task / suite / overall pc_success with Wilson 95 % "
+    "intervals), index.html and mp4s of the first episodes. Rerun the same command to resume a "
+    "killed evaluation: finished episodes are skipped. A policy that raises or returns a NaN / "
+    "wrong-shape action, a diverging simulator or a dying worker fails only its episode. "
+    "expert / scripted / random read the sim state and run without camera images.")
+_LIBERO_RECORD = (
+    "Record demonstrations offline with the privileged expert: for each task, episodes that start "
+    "from placements LIBERO's samplers draw (not the 50 evaluation init states) and reach the "
+    "BDDL goal, written as <out>/<suite>/<task>_demo.hdf5 in the layout of LIBERO's "
+    "create_dataset.py (data/demo_i/{actions, states, robot_states, rewards, dones, "
+    "obs/{agentview_rgb, eye_in_hand_rgb, ee_pos, ee_ori, ee_states, gripper_states, "
+    "joint_states}} and the env / BDDL attributes), so that LIBERO's downloaded demos and these "
+    "go through the same loader and training commands. Failed attempts are not rendered. "
+    "Rerun to resume: finished tasks are kept. Exit 1 if a task got fewer demos than asked.")
+# `embodied libero CMD`: (name, help, description, module in sim.libero with configure_<name>_parser and <name>_command)
+_LIBERO_COMMANDS = (
+    ("eval", "success rate per task / suite with Wilson intervals, videos, HTML (resumable)", _LIBERO_EVAL,
+     "evaluate"),
+    ("record", "successful expert demonstrations per task in LIBERO's own HDF5 demo layout", _LIBERO_RECORD,
+     "record"),
+)
+
+
 def _add_libero(sub) -> None:
+    import importlib
+
     p = sub.add_parser("libero", help="the LIBERO benchmark: evaluate a policy with its protocol, record demos",
                        description="The LIBERO benchmark (130 tasks in five suites, 50 fixed init states each).")
     cmds = p.add_subparsers(dest="libero_cmd", metavar="CMD", required=True)
-    _add_libero_eval(cmds)  # further `embodied libero CMD` commands get an _add_libero_<cmd>(cmds) each
-    _add_libero_record(cmds)
-
-
-def _add_libero_eval(cmds) -> None:
-    e = cmds.add_parser(
-        "eval", help="success rate per task / suite with Wilson intervals, videos, HTML (resumable)",
-        description="Evaluate a policy the way VLA papers and lerobot-eval do: one episode per fixed init state "
-                    "(episode k of a task starts from init state k), the suite's step limit (spatial 220, object "
-                    "280, goal 300, libero_10 520, libero_90 400 policy steps) after --settle-steps no-op steps "
-                    "that do not count, success = LIBERO's BDDL goal check. Writes episodes.jsonl (one line per "
-                    "finished episode), eval_info.json (per task / suite / overall pc_success with Wilson 95 % "
-                    "intervals), index.html and mp4s of the first episodes. Rerun the same command to resume a "
-                    "killed evaluation: finished episodes are skipped. A policy that raises or returns a NaN / "
-                    "wrong-shape action, a diverging simulator or a dying worker fails only its episode. "
-                    "expert / scripted / random read the sim state and run without camera images.")
-    from sim.libero.evaluate import configure_eval_parser
-
-    configure_eval_parser(e, _positive_int, _non_negative_int)
-    e.set_defaults(func=_cmd_libero_eval)
-
-
-def _cmd_libero_eval(args) -> int:
-    from sim.libero.evaluate import eval_command
-
-    return eval_command(args)
-
-
-def _add_libero_record(cmds) -> None:
-    e = cmds.add_parser(
-        "record", help="successful expert demonstrations per task in LIBERO's own HDF5 demo layout",
-        description="Record demonstrations offline with the privileged expert: for each task, episodes that start "
-                    "from placements LIBERO's samplers draw (not the 50 evaluation init states) and reach the "
-                    "BDDL goal, written as <out>/<suite>/<task>_demo.hdf5 in the layout of LIBERO's "
-                    "create_dataset.py (data/demo_i/{actions, states, robot_states, rewards, dones, "
-                    "obs/{agentview_rgb, eye_in_hand_rgb, ee_pos, ee_ori, ee_states, gripper_states, "
-                    "joint_states}} and the env / BDDL attributes), so that LIBERO's downloaded demos and these "
-                    "go through the same loader and training commands. Failed attempts are not rendered. "
-                    "Rerun to resume: finished tasks are kept. Exit 1 if a task got fewer demos than asked.")
-    from sim.libero.record import configure_record_parser
-
-    configure_record_parser(e, _positive_int, _non_negative_int)
-    e.set_defaults(func=_cmd_libero_record)
-
-
-def _cmd_libero_record(args) -> int:
-    from sim.libero.record import record_command
-
-    return record_command(args)
+    for name, help_text, description, module in _LIBERO_COMMANDS:
+        e = cmds.add_parser(name, help=help_text, description=description)
+        mod = importlib.import_module(f"sim.libero.{module}")
+        getattr(mod, f"configure_{name}_parser")(e, _positive_int, _non_negative_int)
+        e.set_defaults(func=lambda args, mod=mod, name=name: getattr(mod, f"{name}_command")(args))
 
 
 def _add_train_eval(sub) -> None:
