@@ -163,10 +163,12 @@ class TrajectoryDataConfig:
     stride: int = 1
     filter_key: str | None = None
     on_error: str = "raise"
+    cache: str = "low_dim"  # "none" | "low_dim" | "all" (images in RAM too: the fast choice when they fit)
     record: RecordConfig = field(default_factory=RecordConfig)
 
     def __post_init__(self):
         choice("data.on_error", self.on_error, ("raise", "skip"))
+        choice("data.cache", self.cache, ("none", "low_dim", "all"))
         for key in ("horizon", "frame_stack", "stride"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key} must be >= 1, got {getattr(self, key)}")

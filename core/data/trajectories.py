@@ -900,6 +900,10 @@ class TrajectoryDataset(Dataset):
         per_sample = emb[self._index[:, 0]] if len(self._index) else np.zeros(0, dtype=object)
         return {k: np.flatnonzero(per_sample == k).tolist() for k in sorted(set(per_sample))}
 
+    def sample_episodes(self) -> np.ndarray:
+        """(len(self),) int64: for each sample, the index into ``episodes`` of the episode it comes from."""
+        return self._index[:, 0].copy()
+
     def episode_info(self, index: int) -> EpisodeInfo:
         """Metadata of the episode that sample ``index`` comes from."""
         return self.episodes[int(self._index[index, 0])]
