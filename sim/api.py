@@ -14,6 +14,12 @@ HDF5 as ``obs/<key>`` by the recorder.
                            ``units`` (list[str] or str), ``frame`` (str), ``low`` / ``high``.
     ``language_instruction`` str or None.
 
+Demonstration files may name observations otherwise than the env does (LIBERO's ``agentview_rgb``,
+``ee_states`` ... are slices and views of ``image`` / ``proprio``). Such an env also offers
+``env.unwrapped.demo_obs_sources`` (file key -> the env key it is computed from) and
+``env.unwrapped.demo_obs(obs)`` (an env observation dict, batched (K, ...) or not, -> the file keys), so
+that a policy trained on the files reads the env in closed loop (``worldmodels.bc.task.load_policy``).
+
 ``info`` after every ``step`` (and ``reset``) holds:
     ``success``       bool, task solved at this step.
     ``eef_delta``     (6,) float32 end-effector pose change over the step: dx, dy, dz in metres and

@@ -299,3 +299,38 @@ def test_check_env_every_libero_task(env_id):
         check_env(env.unwrapped, skip_render_check=True)
     finally:
         env.close()
+
+
+def test_render_samples_switch_msaa_and_only_touch_edges(env):
+    """The default renders without MSAA (half the cost of a frame on llvmpipe); LIBERO's 4 samples can be
+    restored on the live env, the value survives resets, and the frames differ only slightly (anti-aliasing)."""
+    from core.errors import ConfigError
+
+    quality = env.sim.model._model.vis.quality
+    assert quality.offsamples == 0
+    obs0, _ = env.reset(seed=0, options={"init_state_id": 0})
+    try:
+        env._set_render_samples(4)
+        obs4, _ = env.reset(seed=0, options={"init_state_id": 0})
+        assert quality.offsamples == 4
+        diff = np.abs(obs0["image"].astype(int) - obs4["image"].astype(int))
+        assert 0 < diff.mean() < 12 and np.median(diff) <= 3  # the same scene, edges anti-aliased
+        with pytest.raises(ConfigError, match="render_samples"):
+            env._set_render_samples(-1)
+    finally:
+        env._set_render_samples(0)
+    np.testing.assert_array_equal(env.reset(seed=0, options={"init_state_id": 0})[0]["image"], obs0["image"])
+
+
+def test_two_rendering_envs_in_one_process_draw_their_own_frames(env):
+    """robosuite renders into the current GL context; a newer env must not leave the older one drawing with it."""
+    from sim.libero.env import LiberoEnv
+
+    first = env.reset(seed=0, options={"init_state_id": 0})[0]["image"]
+    other = LiberoEnv("libero_spatial", 1, image_size=SIZE)  # built last: its context is the current one
+    try:
+        other.reset(seed=0, options={"init_state_id": 0})
+        again = env.reset(seed=0, options={"init_state_id": 0})[0]["image"]
+        np.testing.assert_array_equal(again, first)
+    finally:
+        other.close()
