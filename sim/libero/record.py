@@ -59,6 +59,11 @@ class RecordSetting:
     settle_steps: int
     max_steps: int
     seed: int
+    init_states: str | None = None  # fixed init states the attempts start from ("10-49"); None: sampled
+
+
+def _id_text(ids: Sequence[int] | None) -> str | None:
+    return ",".join(map(str, ids)) if ids else None
 
 
 def demo_path(out: str | Path, task: LiberoTask) -> Path:
@@ -72,10 +77,15 @@ def _expert_factory(env):
     return LiberoSolver(env)
 
 
-def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int) -> tuple[bool, list[np.ndarray], str]:
-    """One episode on a (fast) env from the sampled placement of ``seed``. Returns
+def _start(init_state: int | None) -> dict[str, Any]:
+    return {"init_state_id": "sampled" if init_state is None else int(init_state)}
+
+
+def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int,
+                  init_state: int | None = None) -> tuple[bool, list[np.ndarray], str]:
+    """One episode on a (fast) env from the sampled placement of ``seed`` (or fixed ``init_state``). Returns
     ``(success, actions after the settle steps, reason)``; ``reason`` is "" on success."""
-    obs, info = env.reset(seed=seed, options={"init_state_id": "sampled"})
+    obs, info = env.reset(seed=seed, options=_start(init_state))
     for _ in range(settle_steps):
         obs, _, _, _, info = env.step(NOOP_ACTION)
     policy.reset(seed=seed)
@@ -91,11 +101,13 @@ def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int) -> 
     return False, actions, "step limit"
 
 
-def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.ndarray]):
-    """Replay ``actions`` from the sampled placement of ``seed`` on a rendering env; a ``LiberoDemo``."""
+def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.ndarray],
+                        init_state: int | None = None):
+    """Replay ``actions`` from the sampled placement of ``seed`` (or ``init_state``) on a rendering env;
+    a ``LiberoDemo``."""
     from sim.libero.demos import LiberoDemo, libero_obs_from_env
 
-    obs, _ = env.reset(seed=seed, options={"init_state_id": "sampled"})
+    obs, _ = env.reset(seed=seed, options=_start(init_state))
     for _ in range(settle_steps):
         obs, *_ = env.step(NOOP_ACTION)
     frames, states, robot = [], [], []
@@ -119,14 +131,15 @@ def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.
         rewards=last,
         dones=last.copy(),
         robot_states=np.stack(robot),
-        attrs={"init_state": states[0], "model_file": env.sim.model.get_xml(), "seed": int(seed)},
+        attrs={"init_state": states[0], "model_file": env.sim.model.get_xml(), "seed": int(seed),
+               **({"init_state_id": int(init_state)} if init_state is not None else {})},
     )
 
 
 def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = "expert",
                 policy_factory: Callable | None = None, image_size: int = 128, wrist_image: bool = True,
                 settle_steps: int = 10, max_steps: int | None = None, max_attempts: int | None = None,
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0, init_states: Sequence[int] | None = None) -> dict[str, Any]:
     """Record ``demos`` successful episodes of ``task`` into its demo file; a summary dict.
 
     Args:
@@ -134,38 +147,43 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
             (default: ``sim.libero.solver.LiberoSolver``).
         max_attempts: blind attempts before giving up on the task (default ``3 * demos``); a task with
             fewer successes writes what it has and says so in the summary.
+        init_states: start attempt ``k`` from fixed init state ``init_states[k % n]`` instead of a sampled
+            placement (for a task whose sampled placements the expert cannot solve). An evaluation of a
+            policy trained on these demos must then run other init states.
     """
     from sim.libero.demos import write_libero_demo_file
     from sim.libero.env import LiberoEnv
 
     max_steps = int(max_steps or MAX_EPISODE_STEPS[task.suite])
     max_attempts = int(max_attempts or 3 * demos)
-    setting = RecordSetting(policy, int(image_size), bool(wrist_image), int(settle_steps), max_steps, int(seed))
+    states = [int(k) for k in init_states] if init_states else None
+    setting = RecordSetting(policy, int(image_size), bool(wrist_image), int(settle_steps), max_steps, int(seed),
+                            _id_text(states))
     path = demo_path(out, task)
     done = _recorded(path, setting, demos)
     if done is not None:
         return {**done, "skipped": True}
     factory = policy_factory or _expert_factory
     t0 = time.perf_counter()
-    kept: list[tuple[int, list[np.ndarray]]] = []
+    kept: list[tuple[int, list[np.ndarray], int | None]] = []
     reasons: dict[str, int] = {}
     blind = LiberoEnv(task.suite, task.index, images=False)
     try:
         agent = factory(blind)
         attempts = 0
         while len(kept) < demos and attempts < max_attempts:
-            s = seed + attempts
+            s, k = seed + attempts, (states[attempts % len(states)] if states else None)
             attempts += 1
-            ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps)
+            ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps, k)
             if ok:
-                kept.append((s, actions))
+                kept.append((s, actions, k))
             else:
                 reasons[reason] = reasons.get(reason, 0) + 1
     finally:
         blind.close()
     cam = LiberoEnv(task.suite, task.index, image_size=image_size, wrist_image=wrist_image)
     try:
-        episodes = [replay_with_cameras(cam, s, settle_steps, actions) for s, actions in kept]
+        episodes = [replay_with_cameras(cam, s, settle_steps, actions, k) for s, actions, k in kept]
         problem = cam.libero_env.parsed_problem
         env_name = type(cam.libero_env).__name__
         kwargs = {"bddl_file_name": task.bddl_file, "camera_names": ["agentview", "robot0_eye_in_hand"],
@@ -208,7 +226,9 @@ def _recorded(path: Path, setting: RecordSetting, demos: int) -> dict[str, Any] 
             frames = int(f["data"].attrs.get("total", 0))
     except (OSError, KeyError):
         return None
-    if stored is None or json.loads(stored) != asdict(setting) or n < demos:
+    if stored is None or n < demos:
+        return None
+    if {"init_states": None, **json.loads(stored)} != asdict(setting):  # files from before init_states: sampled
         return None
     return {"path": str(path), "demos": n, "frames": frames}
 
@@ -224,15 +244,23 @@ def record_command(args: Any) -> int:
     tasks = [t for t, _ in select_episodes(args.suite, parse_task_ids(args.tasks))]
     if args.demos_per_task < 1:
         raise ConfigError(f"--demos-per-task: must be >= 1, got {args.demos_per_task}")
+    try:
+        states = parse_task_ids(args.init_states) if args.init_states else None
+    except ConfigError:
+        raise ConfigError(f"--init-states: expected init state ids like 10-49 or 3,7, got {args.init_states!r}") from None
+    if states and (min(states) < 0 or max(states) >= 50):
+        raise ConfigError(f"--init-states: LIBERO tasks have init states 0..49, got {args.init_states!r}")
     signature = {"policy": "expert", "image_size": args.image_size, "wrist_image": not args.no_wrist,
-                 "settle_steps": args.settle_steps, "max_steps": args.max_steps, "seed": args.seed}
+                 "settle_steps": args.settle_steps, "max_steps": args.max_steps, "seed": args.seed,
+                 **({"init_states": _id_text(states)} if states else {})}
     rows = []
     with claim_output(args.out, command=COMMAND, overwrite=args.overwrite, staged=False,
                       signature=signature) as folder:
         for task in tasks:
             rows.append(record_task(task, args.demos_per_task, folder, image_size=args.image_size,
                                     wrist_image=not args.no_wrist, settle_steps=args.settle_steps,
-                                    max_steps=args.max_steps, max_attempts=args.max_attempts, seed=args.seed))
+                                    max_steps=args.max_steps, max_attempts=args.max_attempts, seed=args.seed,
+                                    init_states=states))
             write_json(folder / "record_summary.json", {"setting": signature, "tasks": rows})
     print(f"{'TASK':<18}{'DEMOS':>6}{'ATTEMPTS':>10}{'FRAMES':>8}  FAILURES")
     for r in rows:
@@ -260,6 +288,9 @@ def configure_record_parser(p: Any, positive_int: Callable[[str], int], non_nega
     p.add_argument("--settle-steps", type=non_negative_int, default=10, dest="settle_steps",
                    help="no-op steps after reset, not recorded (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="attempt k draws its placement from seed + k")
+    p.add_argument("--init-states", default=None, dest="init_states", metavar="IDS",
+                   help="start from these fixed init states (e.g. 10-49) instead of sampled placements; evaluate "
+                        "a policy trained on them on the others (--episodes-per-task 10 runs states 0-9)")
     p.add_argument("--out", required=True, type=Path,
                    help="dataset folder (<out>/<suite>/<task>_demo.hdf5; resumed when rerun with the same settings)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in a folder that holds another recording")

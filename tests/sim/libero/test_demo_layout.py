@@ -32,7 +32,7 @@ def _frames(n: int, seed: int) -> np.ndarray:
     return x
 
 
-def write_by_hand(path: Path, episodes: int = 2) -> dict[str, np.ndarray]:
+def write_by_hand(path: Path, episodes: int = 2, language: str = LANGUAGE) -> dict[str, np.ndarray]:
     """A LIBERO demo file as LIBERO writes it; returns the upright agent-view frames of demo_0."""
     bddl = "libero_spatial/pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate.bddl"
     upright = {}
@@ -40,7 +40,7 @@ def write_by_hand(path: Path, episodes: int = 2) -> dict[str, np.ndarray]:
         grp = f.create_group("data")
         grp.attrs["env_name"] = "Libero_Tabletop_Manipulation"
         grp.attrs["problem_info"] = json.dumps({"problem_name": "libero_tabletop_manipulation",
-                                                "domain_name": "robosuite", "language_instruction": LANGUAGE})
+                                                "domain_name": "robosuite", "language_instruction": language})
         grp.attrs["macros_image_convention"] = "opengl"
         grp.attrs["bddl_file_name"] = bddl
         grp.attrs["bddl_file_content"] = "(define (problem LIBERO_Tabletop_Manipulation) ...)"
@@ -196,9 +196,15 @@ def test_recorded_expert_demo_has_libero_s_layout_and_replays_to_success(tmp_pat
     env = LiberoEnv(task.suite, task.index, images=False)
     try:
         env.reset(seed=int(attrs["seed"]), options={"init_state_id": "sampled"})
-        for _ in range(10):
+        for _ in range(9):
             env.step(NOOP_ACTION)
+        obs, *_ = env.step(NOOP_ACTION)
         np.testing.assert_array_equal(env.sim.get_state().flatten(), attrs["init_state"])
+        # what a policy trained on the file reads in closed loop (LiberoEnv.demo_obs) is what the file holds
+        seen = LiberoEnv.demo_obs(obs)
+        for key in ("ee_states", "ee_pos", "ee_ori", "gripper_states", "joint_states"):
+            np.testing.assert_allclose(seen[key], ep[f"obs/{key}"][0], rtol=0, atol=1e-6, err_msg=key)
+        assert set(LiberoEnv.demo_obs_sources) >= {"agentview_rgb", "eye_in_hand_rgb", "ee_states", "gripper_states"}
         infos = [env.step(a)[-1] for a in ep["actions"]]
         assert infos[-1]["success"] and not any(i["success"] for i in infos[:-1])  # success on the last step
     finally:
@@ -213,3 +219,25 @@ def test_recorded_expert_demo_has_libero_s_layout_and_replays_to_success(tmp_pat
     r = _embodied("libero", "record", *flags, "--out", str(mine), "--overwrite", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert (mine / "libero_object" / path.name).read_bytes() == theirs  # never replaced, even with --overwrite
+
+
+def test_record_from_fixed_init_states_flags_and_old_files(tmp_path):
+    """``--init-states`` is validated in one line before any env is built; a file recorded before the option
+    existed (its setting has no ``init_states``) still counts as recorded from sampled placements."""
+    import h5py
+
+    from sim.libero.record import RecordSetting, _recorded
+
+    for bad in ("60", "a-b"):
+        r = _embodied("libero", "record", "--suite", "libero_spatial", "--tasks", "7", "--init-states", bad,
+                      "--out", "demos", cwd=tmp_path)
+        assert r.returncode == 2 and "--init-states" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "demos").exists()
+    path = tmp_path / "old_demo.hdf5"
+    write_by_hand(path, episodes=2)
+    old = {"policy": "expert", "image_size": 32, "wrist_image": True, "settle_steps": 10, "max_steps": 220, "seed": 0}
+    with h5py.File(path, "a") as f:
+        f["data"].attrs["embodied_record"] = json.dumps(old)
+        f["data"].attrs["num_demos"] = 2
+    assert _recorded(path, RecordSetting(**old), 2) is not None
+    assert _recorded(path, RecordSetting(**old, init_states="10,11"), 2) is None
