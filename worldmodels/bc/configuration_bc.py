@@ -16,10 +16,26 @@ class BCConfig:
     ``action_dim`` / ``proprio_dim`` of 0 are filled in from the training data before the model is built
     (and then stored in the checkpoint's config). Defaults follow robomimic's BC-RNN-free image policy with
     ACT-style action chunking: predict ``horizon`` actions, execute ``n_action_steps``, re-plan.
+
+    Multi-task LIBERO policies (LIBERO's ResNet-T / BC baselines read the same inputs) add a wrist camera
+    (``wrist_image_key``, its own encoder), more proprio keys (``extra_proprio_keys``, concatenated after
+    ``proprio_key``) and language: with ``language`` each episode's instruction is embedded by the text
+    encoder (``text_encoder``: a folder, or None for the installed all-MiniLM-L6-v2, see ``core.text``) and
+    conditions every conv block by FiLM (Perez et al., AAAI 2018) and the head. ``task_texts`` is filled
+    from the data; their embeddings are stored in the checkpoint, so evaluation on those tasks needs no
+    encoder. ``random_shift`` pads by that many pixels and crops back at a random offset per sample during
+    training (DrQ's augmentation, which image BC on few demos needs to generalise across placements).
     """
 
     image_key: str = "image"
     proprio_key: str = "proprio"
+    wrist_image_key: str | None = None
+    extra_proprio_keys: list[str] = field(default_factory=list)
+    language: bool = False
+    text_encoder: str | None = None
+    task_texts: list[str] = field(default_factory=list)
+    text_dim: int = 0
+    random_shift: int = 0
     image_size: int = 64
     channels: list[int] = field(default_factory=lambda: [32, 64, 128])
     num_keypoints: int = 32
@@ -37,5 +53,18 @@ class BCConfig:
             raise ConfigError(f"model.n_action_steps must be in [1, horizon={self.horizon}], got {self.n_action_steps}")
         if self.image_size < 16 or self.image_size % (2 ** len(self.channels)):
             raise ConfigError(f"model.image_size must be >= 16 and divisible by 2**len(channels), got {self.image_size}")
+        if self.random_shift < 0:
+            raise ConfigError(f"model.random_shift must be >= 0, got {self.random_shift}")
+        if self.wrist_image_key is not None and self.wrist_image_key == self.image_key:
+            raise ConfigError(f"model.wrist_image_key must differ from model.image_key ({self.image_key!r})")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def proprio_keys(self) -> list[str]:
+        """The proprio observation keys, concatenated in this order."""
+        return [self.proprio_key, *self.extra_proprio_keys]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [self.image_key] + ([self.wrist_image_key] if self.wrist_image_key else [])

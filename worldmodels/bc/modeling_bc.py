@@ -13,7 +13,7 @@ actions are in the env's action space (units in ``env.metadata["action_space_des
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +73,27 @@ class BCPolicyModel(PreTrainedModel):
         super().__init__()
         if config.action_dim < 1:
             raise ValueError("BCConfig.action_dim must be set (from the data) before building the model")
+        if config.language and (config.text_dim < 1 or not config.task_texts):
+            raise ValueError("BCConfig.language needs task_texts and text_dim (set from the data) before building")
         self.config = config
         chans = [3, *config.channels]
         self.encoder = nn.Sequential(*[_conv_block(a, b) for a, b in zip(chans[:-1], chans[1:])])
         self.keypoints = SpatialSoftmax(chans[-1], config.num_keypoints)
-        feat = config.num_keypoints * 2 + config.proprio_dim
+        n_cams = 1
+        if config.wrist_image_key:
+            n_cams = 2
+            self.wrist_encoder = nn.Sequential(*[_conv_block(a, b) for a, b in zip(chans[:-1], chans[1:])])
+            self.wrist_keypoints = SpatialSoftmax(chans[-1], config.num_keypoints)
+        feat = n_cams * config.num_keypoints * 2 + config.proprio_dim
+        if config.language:
+            # FiLM per conv block and camera: (1 + gamma) * x + beta, zero-initialised (starts as no conditioning)
+            self.film = nn.ModuleList([nn.Linear(config.text_dim, 2 * c) for c in config.channels * n_cams])
+            for lin in self.film:
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
+            self.text_proj = nn.Linear(config.text_dim, config.hidden_dim // 4)
+            feat += config.hidden_dim // 4
+            self.register_buffer("task_embeddings", torch.zeros(len(config.task_texts), config.text_dim))
         self.head = nn.Sequential(
             nn.Linear(feat, config.hidden_dim),
             nn.SiLU(),
@@ -101,21 +117,58 @@ class BCPolicyModel(PreTrainedModel):
                 t = t.clamp_min(1e-3)
             getattr(self, k).copy_(t)
 
-    def _features(self, image: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+    @torch.no_grad()
+    def set_task_embeddings(self, embeddings: torch.Tensor) -> None:
+        """(T, text_dim) embeddings of ``config.task_texts``, in that order."""
+        self.task_embeddings.copy_(torch.as_tensor(embeddings, dtype=torch.float32))
+
+    def task_index(self, text: str) -> int | None:
+        """Index of ``text`` in ``config.task_texts`` (case, spacing and a final period ignored), else None."""
+        key = normalize_instruction(text)
+        for i, t in enumerate(self.config.task_texts):
+            if normalize_instruction(t) == key:
+                return i
+        return None
+
+    def _encode(self, encoder: nn.Sequential, keypoints: SpatialSoftmax, image: torch.Tensor,
+                films: Sequence[nn.Module], text: torch.Tensor | None) -> torch.Tensor:
         x = image.float() / 127.5 - 1.0  # (B, 3, H, W) in [-1, 1]
         if x.shape[-1] != self.config.image_size or x.shape[-2] != self.config.image_size:
             x = F.interpolate(x, size=(self.config.image_size,) * 2, mode="bilinear", align_corners=False)
-        feats = [self.keypoints(self.encoder(x))]
-        if self.config.proprio_dim:
+        for i, block in enumerate(encoder):
+            x = block(x)
+            if text is not None:
+                gamma, beta = films[i](text)[:, :, None, None].chunk(2, dim=1)
+                x = x * (1 + gamma) + beta
+        return keypoints(x)
+
+    def _features(self, image: torch.Tensor, proprio: torch.Tensor | None, wrist: torch.Tensor | None = None,
+                  text: torch.Tensor | None = None) -> torch.Tensor:
+        c = self.config
+        if c.language and text is None:
+            raise ValueError("this BC model is language-conditioned: pass text (B, text_dim) embeddings")
+        n = len(c.channels)
+        films = list(self.film) if c.language else []
+        feats = [self._encode(self.encoder, self.keypoints, image, films[:n], text)]
+        if c.wrist_image_key:
+            if wrist is None:
+                raise ValueError(f"this BC model reads the wrist camera {c.wrist_image_key!r}: pass wrist")
+            feats.append(self._encode(self.wrist_encoder, self.wrist_keypoints, wrist, films[n:], text))
+        if c.proprio_dim:
             feats.append((proprio.float() - self.proprio_mean) / self.proprio_std)
+        if c.language:
+            feats.append(self.text_proj(text))
         return torch.cat(feats, dim=-1)
 
-    def forward(self, image: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, 3, H, W) uint8 image, (B, P) proprio -> (B, horizon, A) actions in env units."""
-        return self.predict_normalized(image, proprio) * self.action_std + self.action_mean
+    def forward(self, image: torch.Tensor, proprio: torch.Tensor | None = None, wrist: torch.Tensor | None = None,
+                text: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, 3, H, W) uint8 images (agent view, wrist), (B, P) proprio, (B, text_dim) instruction
+        embeddings -> (B, horizon, A) actions in env units."""
+        return self.predict_normalized(image, proprio, wrist, text) * self.action_std + self.action_mean
 
-    def predict_normalized(self, image: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
-        out = self.head(self._features(image, proprio))
+    def predict_normalized(self, image: torch.Tensor, proprio: torch.Tensor | None, wrist: torch.Tensor | None = None,
+                           text: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.head(self._features(image, proprio, wrist, text))
         return out.view(-1, self.config.horizon, self.config.action_dim)
 
     def checkpoint_units(self) -> list[nn.Module]:
@@ -125,14 +178,35 @@ class BCPolicyModel(PreTrainedModel):
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """L1 between predicted and demonstrated chunks in normalised units, ignoring padded steps."""
         c = self.config
-        image = batch[f"obs.{c.image_key}"][:, -1]  # (B, 3, H, W): the newest stacked frame
-        proprio = batch[f"obs.{c.proprio_key}"][:, -1] if c.proprio_dim else None
+        image = self._augment(batch[f"obs.{c.image_key}"][:, -1])  # (B, 3, H, W): the newest stacked frame
+        wrist = self._augment(batch[f"obs.{c.wrist_image_key}"][:, -1]) if c.wrist_image_key else None
+        proprio = torch.cat([batch[f"obs.{k}"][:, -1].float() for k in c.proprio_keys], -1) if c.proprio_dim else None
+        text = self.task_embeddings[batch["task_index"]] if c.language else None
         target = (batch["actions"][:, : c.horizon].float() - self.action_mean) / self.action_std  # (B, h, A)
-        pred = self.predict_normalized(image, proprio)
+        pred = self.predict_normalized(image, proprio, wrist, text)
         valid = ~batch["actions_is_pad"][:, : c.horizon]  # (B, h)
         err = (pred - target).abs().mean(-1)  # (B, h)
         loss = (err * valid).sum() / valid.sum().clamp_min(1)
         return {"loss": loss}
+
+    def _augment(self, image: torch.Tensor) -> torch.Tensor:
+        """Random shift (training only): replicate-pad by ``random_shift`` px, crop back at a random offset."""
+        pad = self.config.random_shift
+        if not (self.training and pad):
+            return image
+        b, _, h, w = image.shape
+        x = F.pad(image.float(), (pad,) * 4, mode="replicate")
+        dx = torch.randint(0, 2 * pad + 1, (b,), device=image.device)
+        dy = torch.randint(0, 2 * pad + 1, (b,), device=image.device)
+        rows = (dy[:, None] + torch.arange(h, device=image.device))[:, None, :, None].expand(b, 3, h, w + 2 * pad)
+        x = x.gather(2, rows)
+        cols = (dx[:, None] + torch.arange(w, device=image.device))[:, None, None, :].expand(b, 3, h, w)
+        return x.gather(3, cols)
+
+
+def normalize_instruction(text: str) -> str:
+    """An instruction compared by words: lower case, single spaces, no final period."""
+    return " ".join(str(text).lower().split()).rstrip(".")
 
 
 class BCPolicy:
@@ -149,13 +223,22 @@ class BCPolicy:
         model: The trained model (put in eval mode and moved to ``device``).
         action_low, action_high: (A,) bounds of the env's action box, or None for no clipping.
         device: Where the model runs; observations are moved there, actions come back as numpy.
+        text: (text_dim,) embedding of the instruction every env is given (a language-conditioned model).
+        obs_adapter: Maps the env's observation dict (batched) to the model's keys, e.g. the env's
+            ``demo_obs`` when the model was trained on demonstration files with other key names.
     """
 
     def __init__(self, model: BCPolicyModel, action_low: np.ndarray | None = None,
-                 action_high: np.ndarray | None = None, device: str | torch.device = "cpu"):
+                 action_high: np.ndarray | None = None, device: str | torch.device = "cpu",
+                 text: np.ndarray | torch.Tensor | None = None,
+                 obs_adapter: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None):
         self.model = model.eval().to(device)
         self.device = torch.device(device)
         self.low, self.high = action_low, action_high
+        if model.config.language and text is None:
+            raise ValueError("a language-conditioned BC model needs the instruction's embedding (text)")
+        self.text = None if text is None else torch.as_tensor(text, dtype=torch.float32).reshape(1, -1).to(device)
+        self.obs_adapter = obs_adapter
         self._queues: dict[int, deque[np.ndarray]] = {}  # env index -> pending (A,) actions of its chunk
 
     def reset(self, seed: int | None = None, index: int | None = None) -> None:
@@ -170,8 +253,9 @@ class BCPolicy:
         """Actions for K envs.
 
         Args:
-            obs: ``image_key`` -> (K, H, W, 3) uint8 and, if the model uses proprio, ``proprio_key`` ->
-                (K, P) float; row ``i`` is env ``i``'s observation.
+            obs: ``image_key`` (and ``wrist_image_key``) -> (K, H, W, 3) uint8 and, if the model uses
+                proprio, each of its proprio keys -> (K, P_k) float; row ``i`` is env ``i``'s observation
+                (after ``obs_adapter``).
             infos: The K envs' infos (unused).
 
         Returns:
@@ -179,16 +263,27 @@ class BCPolicy:
             every env whose queue ran empty) with the first ``n_action_steps`` actions of a new chunk.
         """
         c = self.model.config
+        if self.obs_adapter is not None:
+            obs = self.obs_adapter(obs)
         images = np.asarray(obs[c.image_key])
         need = [i for i in range(len(images)) if not self._queues.get(i)]
         if need:
             rows = slice(None) if len(need) == len(images) else need
-            image = torch.as_tensor(np.ascontiguousarray(images[rows])).permute(0, 3, 1, 2).to(self.device)
+
+            def pixels(key: str) -> torch.Tensor:
+                frames = np.ascontiguousarray(np.asarray(obs[key])[rows])
+                return torch.as_tensor(frames).permute(0, 3, 1, 2).to(self.device)
+
+            image = pixels(c.image_key)
+            wrist = pixels(c.wrist_image_key) if c.wrist_image_key else None
             proprio = None
             if c.proprio_dim:
-                prop = np.asarray(obs[c.proprio_key], dtype=np.float32)[rows]
+                prop = np.concatenate([np.asarray(obs[k], dtype=np.float32)[rows] for k in c.proprio_keys], -1)
                 proprio = torch.as_tensor(prop).to(self.device)
-            chunks = self.model(image, proprio)[:, : c.n_action_steps].float().cpu().numpy()  # (len(need), n, A)
+            extra = {"wrist": wrist} if wrist is not None else {}
+            if self.text is not None:
+                extra["text"] = self.text.expand(len(image), -1)
+            chunks = self.model(image, proprio, **extra)[:, : c.n_action_steps].float().cpu().numpy()
             for row, i in enumerate(need):
                 self._queues[i] = deque(chunks[row])
         actions = np.stack([self._queues[i].popleft() for i in range(len(images))]).astype(np.float32)

@@ -38,7 +38,12 @@ def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
     for it), its ``data.record`` settings are kept beside it, and a file recorded with other settings is refused.
     Files nobody recorded here (no spec beside them) are used as they are.
     """
-    paths = [Path(p) for p in data.paths]
+    paths = []
+    for p in map(Path, data.paths):  # a folder: its HDF5 files (a LIBERO suite folder of *_demo.hdf5)
+        found = sorted(p.glob("*.hdf5")) if p.is_dir() else [p]
+        if not found:
+            raise DataError(p, "a folder without *.hdf5 files")
+        paths.extend(found)
     if not paths:
         raise DataError("data.paths", "no trajectory files configured")
     missing = [p for p in paths if not p.exists()]
@@ -86,17 +91,19 @@ def check_camera(paths: list[Path], env: EnvConfig) -> None:
                               "(record again, or set env.camera to match)")
 
 
-def normalization_stats(paths: list[Path], proprio_key: str) -> dict[str, np.ndarray]:
-    """Per-dim mean / std of actions and proprio over every step of every episode."""
+def normalization_stats(paths: list[Path], proprio_key: str | list[str]) -> dict[str, np.ndarray]:
+    """Per-dim mean / std of actions and proprio (the keys concatenated) over every step of every episode."""
     from core.data.trajectories import open_trajectories
 
+    keys = [proprio_key] if isinstance(proprio_key, str) else list(proprio_key)
     actions, proprio = [], []
     for p in paths:
         with open_trajectories(p) as f:
             for name in f.episodes:
-                ep = f.episode(name, keys=["actions", f"obs/{proprio_key}"])
+                ep = f.episode(name, keys=["actions", *(f"obs/{k}" for k in keys)])
                 actions.append(ep["actions"])
-                proprio.append(ep[f"obs/{proprio_key}"])
+                proprio.append(np.concatenate([np.asarray(ep[f"obs/{k}"], np.float64).reshape(len(ep["actions"]), -1)
+                                               for k in keys], -1))
     a, q = np.concatenate(actions), np.concatenate(proprio)
     return {"action_mean": a.mean(0), "action_std": a.std(0), "proprio_mean": q.mean(0), "proprio_std": q.std(0)}
 
@@ -112,15 +119,26 @@ def train(cfg) -> dict[str, Any]:
     trainer_cfg: TrainerConfig = to_object(cfg.trainer)
     paths = ensure_data(data_cfg)
     check_camera(paths, to_object(cfg.env))
-    obs_keys = [model_cfg.image_key, model_cfg.proprio_key]
+    obs_keys = [*model_cfg.image_keys, *model_cfg.proprio_keys]
     dataset = TrajectoryDataset(paths, obs_keys=obs_keys, horizon=model_cfg.horizon, frame_stack=1,
-                                stride=data_cfg.stride, filter_key=data_cfg.filter_key, on_error=data_cfg.on_error)
+                                stride=data_cfg.stride, filter_key=data_cfg.filter_key, on_error=data_cfg.on_error,
+                                cache=data_cfg.cache)
     sample = dataset[0]
     model_cfg = dataclasses.replace(model_cfg, action_dim=int(sample["actions"].shape[-1]),
-                                    proprio_dim=int(sample[f"obs.{model_cfg.proprio_key}"].shape[-1]))
+                                    proprio_dim=sum(int(sample[f"obs.{k}"].shape[-1]) for k in model_cfg.proprio_keys))
+    texts, embeddings = None, None
+    if model_cfg.language:
+        texts = task_texts(dataset)
+        encoder = load_text_encoder(model_cfg.text_encoder)
+        embeddings = encoder.encode(texts)
+        model_cfg = dataclasses.replace(model_cfg, task_texts=texts, text_dim=int(embeddings.shape[-1]))
+        dataset = TaskIndexed(dataset, texts)
+        log.info("language-conditioned on %d tasks (%s, %d-d)", len(texts), encoder.source, model_cfg.text_dim)
     seed_everything(trainer_cfg.seed)
     model = BCPolicyModel(model_cfg)
-    model.set_normalization(normalization_stats(paths, model_cfg.proprio_key))
+    model.set_normalization(normalization_stats(paths, model_cfg.proprio_keys))
+    if embeddings is not None:
+        model.set_task_embeddings(embeddings)
     run_config = to_container(cfg)
     run_config["model"] = dataclasses.asdict(model_cfg)  # the dims the weights were built with
     out_dir = Path(cfg.out_dir)
@@ -129,6 +147,51 @@ def train(cfg) -> dict[str, Any]:
                      collate_fn=_collate).fit()
     log.info("trained on %d windows from %d episodes; final %s", len(dataset), len(dataset.episodes), result["metrics"])
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
+
+
+def load_text_encoder(path: str | None):
+    from core.text import load_text_encoder as load
+
+    return load(path)
+
+
+def task_texts(dataset) -> list[str]:
+    """The distinct instructions of the dataset's episodes, in first-seen order.
+
+    Raises:
+        DataError: An episode without a language instruction (a language-conditioned policy needs one each).
+    """
+    out: list[str] = []
+    for ep in dataset.episodes:
+        if not ep.language_instruction:
+            raise DataError(ep.path, f"{ep.name}: no language instruction (model.language needs one per episode)")
+        if ep.language_instruction not in out:
+            out.append(ep.language_instruction)
+    return out
+
+
+class TaskIndexed:
+    """A ``TrajectoryDataset`` whose samples also hold ``task_index``: their episode's instruction in ``texts``."""
+
+    def __init__(self, dataset, texts: list[str]):
+        import torch
+
+        self.dataset = dataset
+        index = {t: i for i, t in enumerate(texts)}
+        by_episode = np.array([index[ep.language_instruction] for ep in dataset.episodes], dtype=np.int64)
+        self._task = torch.from_numpy(by_episode[dataset.sample_episodes()])
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["dataset"], name)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.dataset[i], "task_index": self._task[i]}
+
+    def __getitems__(self, indices) -> list[dict[str, Any]]:
+        return [{**s, "task_index": self._task[i]} for s, i in zip(self.dataset.__getitems__(indices), indices)]
 
 
 def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,13 +208,57 @@ def load_policy(checkpoint: str | Path, env: Any):
     model = BCPolicyModel.from_pretrained(checkpoint)
     c = model.config
     space = env.action_space
-    policy = BCPolicy(model, space.low, space.high)
-    # what the weights were built for; sim.rollout refuses an env of other spaces before the first step
-    observation = {c.image_key: (None, None, 3), **({c.proprio_key: (c.proprio_dim,)} if c.proprio_dim else {})}
+    base = getattr(env, "unwrapped", env)
+    env_keys = set(getattr(env.observation_space, "spaces", {}) or {})
+    wanted = [*c.image_keys, *(c.proprio_keys if c.proprio_dim else [])]
+    adapter, sources = None, {k: k for k in wanted}
+    if not set(wanted) <= env_keys and set(wanted) <= set(getattr(base, "demo_obs_sources", {})):
+        adapter, sources = base.demo_obs, {k: base.demo_obs_sources[k] for k in wanted}  # trained on demo files
+    text = None
+    if c.language:
+        text = instruction_embedding(model, getattr(base, "metadata", None) or getattr(env, "metadata", {}))
+    policy = BCPolicy(model, space.low, space.high, text=text, obs_adapter=adapter)
+    # what the weights were built for, in the env's keys; sim.rollout refuses an env of other spaces first
+    side = c.image_size if adapter is not None else None  # demo-file policies: render at the trained size
+    observation: dict[str, tuple] = {}
+    for k in c.image_keys:
+        observation[sources[k]] = (side, side, 3)
+    if c.proprio_dim:
+        if adapter is None:
+            for k in c.proprio_keys:
+                observation[k] = (None,) if len(c.proprio_keys) > 1 else (c.proprio_dim,)
+        else:
+            for k in c.proprio_keys:
+                observation.setdefault(sources[k], (None,))
     policy.expects = PolicySpec(observation, (c.action_dim,), source=model.loaded_from["path"],
                                 made_for=(model.loaded_from["config"].get("env") or {}).get("id"))
-    policy.expects.check(env.observation_space, space, env.spec.id if env.spec else None)
+    # here any image side is accepted (the model resizes; LIBERO's evaluation re-renders at the declared
+    # side, a rollout checks the full spec before its first step); keys, proprio and actions must fit now
+    relaxed = dataclasses.replace(policy.expects, observation={k: (None, None, v[2]) if len(v) == 3 else v
+                                                               for k, v in observation.items()})
+    relaxed.check(env.observation_space, space, env.spec.id if env.spec else None)
     return policy
+
+
+def instruction_embedding(model, metadata: dict[str, Any]):
+    """The embedding of the env's instruction: from the checkpoint's task table when it holds the text
+    (``language_instruction`` or, for LIBERO, the demo files' ``bddl_language``), else encoded anew with
+    the model's text encoder.
+
+    Raises:
+        ConfigError: The env names no instruction.
+    """
+    from core.errors import ConfigError
+
+    texts = [metadata.get(k) for k in ("language_instruction", "bddl_language") if metadata.get(k)]
+    if not texts:
+        raise ConfigError("this BC policy is language-conditioned but the env gives no language_instruction")
+    for t in texts:
+        i = model.task_index(t)
+        if i is not None:
+            return model.task_embeddings[i]
+    log.info("instruction %r is not among the %d trained tasks: encoding it", texts[0], len(model.config.task_texts))
+    return load_text_encoder(model.config.text_encoder).encode([texts[0]])[0]
 
 
 def evaluate(cfg) -> dict[str, Any]:
