@@ -241,3 +241,22 @@ def test_record_from_fixed_init_states_flags_and_old_files(tmp_path):
         f["data"].attrs["num_demos"] = 2
     assert _recorded(path, RecordSetting(**old), 2) is not None
     assert _recorded(path, RecordSetting(**old, init_states="10,11"), 2) is None
+
+
+@pytest.mark.timeout(600)
+def test_a_replay_that_diverges_is_dropped_not_fatal(tmp_path, monkeypatch):
+    from sim.libero import record
+    from sim.libero.suites import get_task
+
+    real, calls = record.replay_with_cameras, []
+
+    def flaky(env, seed, *args, **kwargs):
+        calls.append(seed)
+        if len(calls) == 1:
+            raise record.ReplayMismatch("diverged")
+        return real(env, seed, *args, **kwargs)
+
+    monkeypatch.setattr(record, "replay_with_cameras", flaky)
+    summary = record.record_task(get_task("libero_object", 0), 1, tmp_path, image_size=H)
+    assert summary["demos"] == 1 and summary["attempts"] == 2 and summary["failures"] == {"replay differs": 1}
+    assert calls == [0, 1] and Path(summary["path"]).is_file()
