@@ -144,17 +144,17 @@ def reachable_yaw(env: LiberoEnv, yaw: float) -> float:
 
 
 def step_toward(env: LiberoEnv, goal: np.ndarray, rot: np.ndarray | None, gripper: float,
-                max_step: float = 0.08, gain: float = 1.0) -> np.ndarray:
+                max_step: float = 0.08, gain: float = 1.0, rot_gain: float = 0.5) -> np.ndarray:
     """Like :func:`move_action` with the commanded displacement ``gain`` x the position error, capped at
     ``max_step`` metres. Measured on the Panda's OSC (LIBERO's gains): a saturated command moves the hand
     about 1.2 cm per step, and gain 1 reaches a goal 10 cm away in about 12 steps with ~1 mm overshoot
-    (gain 2: 5 mm), so gain 1 needs no slow-down near the goal."""
+    (gain 2: 5 mm), so gain 1 needs no slow-down near the goal. ``rot_gain`` as in :func:`move_action`."""
     eef = env.eef_pose()[0]
     err = gain * (np.asarray(goal, dtype=np.float64) - eef)
     dist = float(np.linalg.norm(err))
     if dist > max_step:
         err *= max_step / dist
-    return move_action(env, eef + err, rot, gripper)
+    return move_action(env, eef + err, rot, gripper, rot_gain=rot_gain)
 
 
 def body_frame_box(env: LiberoEnv, body: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

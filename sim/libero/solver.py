@@ -64,6 +64,8 @@ CLEARANCE = 0.035  # m: travel height above the obstacles' tops (plus what the h
 RELEASE_HEIGHT = 0.012  # m: carried object's bottom above the support when the gripper opens
 GRASP_RISE = 0.025  # m: the object must have risen this much with the hand to count as grasped
 CLOSED_GAP = 0.0015  # m: finger gap at or below which the fingers closed on nothing
+OVER_ROT_GAIN = 0.5  # rotation gain while moving over a grasp (0.5 elsewhere): the turn, not the move, set its pace
+APPROACH_SWEEP = 0.15  # m above a grasp whose column the descending hand must find free
 MAX_ATTEMPTS = 4  # grasp-and-place attempts per PickPlace skill
 MAX_SKILL_RUNS = 2  # skill instances per sub-goal (a failed skill is rebuilt once)
 MAX_REDOS = 2  # times an earlier sub-goal that came undone is redone
@@ -124,7 +126,10 @@ def _owner(name: str) -> str:
 
 
 def predicate_holds(env: LiberoEnv, pred: tuple[str, ...]) -> bool:
-    """LIBERO's own check of one goal predicate on the current state."""
+    """LIBERO's own check of one goal predicate on the current state; the solver's own sub-goal
+    ``('clear', obj, drawer_region)`` (``obj`` out of the opened drawer's way) is checked here."""
+    if pred[0] == "clear":
+        return not under_opened_drawer(env, pred[1], pred[2])
     return bool(env.libero_env._eval_predicate(list(pred)))
 
 
@@ -252,13 +257,17 @@ def _geom_obbs(env: LiberoEnv, exclude_roots: tuple[int, ...]) -> tuple[np.ndarr
 
 
 def hand_collisions(env: LiberoEnv, point: np.ndarray, yaw: float, exclude_roots: tuple[int, ...],
-                    obbs: tuple | None = None, margin: float = 0.004) -> int:
-    """How many of the open gripper's sample points (:func:`_hand_samples`) at this grasp lie inside
-    another body's collision geoms (their oriented boxes, grown by ``margin``): 0 for a free approach."""
+                    obbs: tuple | None = None, margin: float = 0.004, sweep: float = 0.0) -> int:
+    """How many of the open gripper's sample points (:func:`_hand_samples`) at this grasp, and at heights
+    every 3 cm up to ``sweep`` above it (the column the hand comes down through), lie inside another
+    body's collision geoms (their oriented boxes, grown by ``margin``): 0 for a free approach. The sweep
+    catches what overhangs the object (an opened drawer 10 cm over a bowl's back half, libero_goal/3)."""
     centers, rots, halves = _geom_obbs(env, exclude_roots) if obbs is None else obbs
     if len(centers) == 0:
         return 0
     pts = _hand_samples(point, yaw)
+    if sweep > 0:
+        pts = np.concatenate([pts + [0.0, 0.0, dz] for dz in np.arange(0.0, sweep + 1e-9, 0.03)])
     local = np.einsum("gji,pgj->pgi", rots, pts[:, None, :] - centers[None])  # R^T (p - c)
     inside = np.all(np.abs(local) <= halves[None] + margin, axis=2)
     return int(np.any(inside, axis=1).sum())
@@ -292,7 +301,7 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
         poses.append(GraspPose(np.array([center[0], center[1], z]), yaw, "top", widths[i]))
     if poses:
         obbs = _geom_obbs(env, (body,))
-        hits = [hand_collisions(env, p.point, p.yaw, (body,), obbs) for p in poses]
+        hits = [hand_collisions(env, p.point, p.yaw, (body,), obbs, sweep=APPROACH_SWEEP) for p in poses]
         order = sorted(range(len(poses)), key=lambda k: (hits[k] > 0, hits[k], k))
         return [poses[k] for k in order]
     return _rim_grasps(env, body, lo, hi, cur)
@@ -343,7 +352,7 @@ def _rim_grasps(env: LiberoEnv, body: int, lo: np.ndarray, hi: np.ndarray, cur: 
         to_robot = robot_xy - center_xy
         facing = float(np.dot(radial, to_robot / max(np.linalg.norm(to_robot), 1e-9)))
         yaw = reachable_yaw(env, float(np.arctan2(normal[1], normal[0])))
-        hits = hand_collisions(env, np.array([xy[0], xy[1], z]), yaw, (body,), obbs)
+        hits = hand_collisions(env, np.array([xy[0], xy[1], z]), yaw, (body,), obbs, sweep=APPROACH_SWEEP)
         score = room + 0.01 * facing - 0.004 * abs(yaw - cur) - 0.1 * hits
         scored.append((score, GraspPose(np.array([xy[0], xy[1], z]), yaw, "rim")))
     scored.sort(key=lambda s: -s[0])
@@ -462,6 +471,25 @@ class PickPlace:
         base_z = float(np.asarray(self.env._robot.base_pos)[2])
         return float(min(z, base_z + 0.55))
 
+    def _diagonal(self, eef: np.ndarray, dest: np.ndarray) -> np.ndarray:
+        """Where (2-d) the hand may already head while it still rises with the object: up to 5 cm toward
+        ``dest`` when the carried object's bottom clears, by 1.5 cm, every obstacle within 2 cm of its
+        footprint's way there; the hand's own xy otherwise (rising and crossing at once saves ~40 % of
+        the transport's steps, which an In into an opened drawer needs within 300)."""
+        d = dest - eef[:2]
+        dist = float(np.linalg.norm(d))
+        if dist < 1e-6:
+            return eef[:2].copy()
+        ahead = eef[:2] + d / dist * min(0.05, dist)
+        lo, hi = body_box(self.env, self.body)
+        reach = float(np.linalg.norm(hi[:2] - lo[:2])) / 2 + 0.02
+        bottom = float(lo[2])
+        for blo, bhi in _obstacle_boxes(self.env, (self.body,)):
+            if _segment_box_distance(eef[:2] + (lo[:2] + hi[:2]) / 2 - eef[:2], ahead + (lo[:2] + hi[:2]) / 2 - eef[:2],
+                                     blo[:2], bhi[:2]) < reach and bhi[2] > bottom - 0.015:
+                return eef[:2].copy()
+        return ahead
+
     def _arrived(self, goal: np.ndarray, tol: float) -> bool:
         return float(np.linalg.norm(self.env.eef_pose()[0] - goal)) < tol
 
@@ -507,7 +535,7 @@ class PickPlace:
                     return None
                 self._goto("descend")
                 return None
-            return step_toward(env, goal, self.rot, -1.0)
+            return step_toward(env, goal, self.rot, -1.0, rot_gain=OVER_ROT_GAIN)
         if ph.name == "descend":
             # re-aim at the object's current pose (it may have been nudged) on the way down
             goal = g.point.copy()
@@ -519,7 +547,10 @@ class PickPlace:
                 return None
             return step_toward(env, goal, self.rot, -1.0)
         if ph.name == "close":
-            if ph.steps > 10:
+            gap = finger_gap(env)
+            settled = ph.steps > 5 and abs(gap - getattr(self, "_gap", gap + 1.0)) < 0.0003  # fingers stopped
+            self._gap = gap
+            if ph.steps > 10 or settled:
                 self._goto("lift")
                 self._lift_from = eef.copy()
                 self._obj_z0 = float(obj[2])
@@ -554,7 +585,8 @@ class PickPlace:
             if eef[2] >= self._travel - 0.02 or ph.steps > 25:
                 self._goto("carry")
                 return None
-            return step_toward(env, np.array([eef[0], eef[1], max(self._travel, eef[2])]), self.rot, 1.0)
+            goal_xy = self._diagonal(eef, self._target_xy() + self._offset)
+            return step_toward(env, np.array([goal_xy[0], goal_xy[1], max(self._travel, eef[2])]), self.rot, 1.0)
         if ph.name == "carry":
             dest = self._target_xy() + self._offset
             goal = np.array([dest[0], dest[1], self._travel])
@@ -618,6 +650,361 @@ def _segment_box_distance(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.n
     return best
 
 
+# -------------------------------------------------------------------------------------------- slide
+
+SLIDE_MAX_HEIGHT = 0.03  # m: objects lower than this that no top grasp fits (plates) are slid, not carried
+SLIDE_PEG_LEAD = 0.03  # m: how far past the rim's inside the dragging fingers are commanded (the drag's force)
+SLIDE_PRESS = 0.03  # m: the dragging fingers are commanded this far below where they touch (a downward force)
+SLIDE_MAX_TILT = float(np.cos(np.radians(5.0)))  # the dragged object tilting past 5 degrees is a slip
+SLIDE_MARGIN = 0.02  # m: aim this far inside the goal region's edges
+SLIDE_CLEAR = 0.012  # m: keep the slid object's outline this far from other objects
+
+
+def slidable(env: LiberoEnv, predicate: tuple[str, ...]) -> bool:
+    """Whether ``('on', obj, region)`` is done by sliding: ``obj`` is flat (under ``SLIDE_MAX_HEIGHT``) and
+    wider than the open gripper both ways (a plate: its 1.9 cm rim is too low to pinch above the table),
+    and ``region`` is a site on the surface the object stands on (a table region, not another object)."""
+    rs = env.libero_env
+    if len(predicate) != 3 or predicate[0] != "on" or predicate[1] not in rs.objects_dict:
+        return False
+    if predicate[2] in rs.objects_dict or predicate[2] in rs.fixtures_dict:
+        return False
+    import mujoco
+
+    site = mujoco.mj_name2id(mj_model(env), mujoco.mjtObj.mjOBJ_SITE, predicate[2])
+    if site < 0:
+        return False
+    body = _object_body(env, predicate[1])
+    lo, _ = body_box(env, body)
+    _, axes, half = body_frame_box(env, body)  # the object's own frame: a tilted plate stays flat
+    up = int(np.argmax(np.abs(axes[2])))
+    narrow = min(2.0 * half[i] for i in range(3) if i != up)
+    if 2.0 * half[up] > SLIDE_MAX_HEIGHT or narrow <= GRIPPER_MAX_GAP - FIT_MARGIN:
+        return False
+    xy = np.array(env.sim.data.site_xpos[site][:2])
+    support = support_height(env, xy, np.full(2, 0.01), exclude_roots=(body,), below=float(lo[2]) + 0.02)
+    return bool(abs(support - lo[2]) < 0.01)
+
+
+def floor_top(env: LiberoEnv, body: int) -> float:
+    """Top (m) of ``body``'s own collision geoms under its origin: a plate's floor, inside its rim."""
+    model, data = mj_model(env), env.sim.data
+    origin = np.array(data.xpos[body])
+    best = -np.inf
+    for g in range(model.ngeom):
+        if not in_subtree(model, int(model.geom_bodyid[g]), body) or not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        center = np.array(data.geom_xpos[g]) + rot @ model.geom_aabb[g, :3]
+        half = np.abs(rot) @ model.geom_aabb[g, 3:]
+        if np.all(np.abs(origin[:2] - center[:2]) <= half[:2] + 1e-4):
+            best = max(best, float(center[2] + half[2]))
+    return best if np.isfinite(best) else float(body_box(env, body)[0][2])
+
+
+def _disk_box_overlap(p: np.ndarray, radius: float, lo: np.ndarray, hi: np.ndarray) -> float:
+    """How deep (m) a disk of ``radius`` at ``p`` reaches into the 2-d box [lo, hi] (0 when apart)."""
+    d = np.maximum(np.maximum(lo - p, p - hi), 0.0)
+    return max(0.0, radius - float(np.linalg.norm(d)))
+
+
+def plan_slide(start: np.ndarray, region_center: np.ndarray, region_half: np.ndarray, radius: float,
+               obstacles: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """Waypoints (object origin positions, 2-d) from ``start`` to a point of the goal region.
+
+    Candidates: the region's centre and eight points ``SLIDE_MARGIN`` inside its edges, each reached
+    straight or through one waypoint of a 5 cm grid over their box grown by 12 cm; cost = path length + 300 x the
+    swept overlap (m x m) of the object's disk (``radius`` + ``SLIDE_CLEAR``) with the obstacles'
+    footprints + 0.5 x the goal's distance from the region's centre, so the path goes round other objects
+    when it can (libero_goal/5: round the cream cheese in front of the stove)."""
+    start = np.asarray(start, dtype=np.float64)
+    center = np.asarray(region_center, dtype=np.float64)
+    inner = np.maximum(np.asarray(region_half, dtype=np.float64) - SLIDE_MARGIN, 0.0)
+    goals = np.array([center + inner * np.array([sx, sy]) for sx in (-1, 0, 1) for sy in (-1, 0, 1)])
+    r = radius + SLIDE_CLEAR
+    los = np.array([lo for lo, _ in obstacles]).reshape(-1, 2)
+    his = np.array([hi for _, hi in obstacles]).reshape(-1, 2)
+
+    def swept(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Overlap integral (m x m) of segments a[i] -> b[i] (arrays (N, 2)) with the obstacles."""
+        seg = np.linalg.norm(b - a, axis=1)
+        t = np.linspace(0.0, 1.0, 21)[1:]
+        p = a[:, None, :] + t[None, :, None] * (b - a)[:, None, :]  # (N, T, 2)
+        if len(los) == 0:
+            return np.zeros(len(a))
+        d = np.maximum(np.maximum(los[None, None] - p[:, :, None], p[:, :, None] - his[None, None]), 0.0)
+        depth = np.maximum(r - np.linalg.norm(d, axis=3), 0.0).sum(axis=2)  # (N, T)
+        return depth.mean(axis=1) * seg
+
+    lo_g = np.minimum(start, center) - 0.12
+    hi_g = np.maximum(start, center) + 0.12
+    gx, gy = np.meshgrid(np.arange(lo_g[0], hi_g[0] + 1e-9, 0.05), np.arange(lo_g[1], hi_g[1] + 1e-9, 0.05))
+    grid = np.stack([gx.ravel(), gy.ravel()], axis=1)
+    goal_cost = 0.5 * np.linalg.norm(goals - center, axis=1)
+    direct = np.linalg.norm(goals - start, axis=1) + 300.0 * swept(np.repeat(start[None], len(goals), 0), goals)
+    best_cost, best = float(np.min(direct + goal_cost)), [goals[int(np.argmin(direct + goal_cost))]]
+    first = np.linalg.norm(grid - start, axis=1) + 300.0 * swept(np.repeat(start[None], len(grid), 0), grid)
+    for k, goal in enumerate(goals):
+        second = np.linalg.norm(goal - grid, axis=1) + 300.0 * swept(grid, np.repeat(goal[None], len(grid), 0))
+        total = first + second + goal_cost[k] + 0.02  # a corner costs a little
+        i = int(np.argmin(total))
+        if total[i] < best_cost:
+            best_cost, best = float(total[i]), [grid[i], goal]
+    return [np.asarray(p, dtype=np.float64) for p in best]
+
+
+class Slide:
+    """Skill for ``('on', flat_obj, table_region)`` (:func:`slidable`): drag the object along the table.
+
+    A plate's rim is a 22-degree slope 1.9 cm high (its eight collision boxes run from 3.0 cm to 6.6 cm
+    off the centre): a pinch above the table holds only its top millimetres, fingers under its outer edge
+    lift it, and pushing it from behind needs room behind it that a cabinet or a bowl next to it leaves
+    not (libero_goal/5: 3 cm and 6 mm). So the closed fingers go down inside it, next to the centre, and
+    press down (``SLIDE_PRESS`` below their touching height) while they are driven toward the next
+    waypoint of :func:`plan_slide`: they bear on the inside of the rim on that side, and the downward
+    force keeps them from riding up the slope (no slip while the press exceeds ~0.85 x the plate's weight
+    at friction 0.95). Each step re-aims at the object's current position. If the fingers leave the
+    object or it tilts, the attempt is re-planned from the new pose ("slipped", a bounded number of times)."""
+
+    def __init__(self, env: LiberoEnv, predicate: list[str] | tuple[str, ...], max_attempts: int = 4):
+        pred = tuple(str(p).lower() for p in predicate)
+        if not (slidable(env, pred) or (len(pred) == 3 and pred[0] == "clear")):
+            raise ConfigError(f"Slide takes ('on', flat object, table region) or ('clear', object, drawer region), "
+                              f"got {list(predicate)}")
+        import mujoco
+
+        self.env = env
+        self.predicate = pred
+        self.outcome: str | None = None
+        self.failures: list[str] = []
+        self.attempts = 0
+        self.max_attempts = int(max_attempts)
+        self.body = _object_body(env, pred[1])
+        if pred[0] == "clear":  # a fixed point out of the drawer's way, 1.5 cm of slack each way
+            self._goal, self._goal_half = clear_goal(env, pred[1], pred[2]), np.full(2, SLIDE_MARGIN + 0.015)
+        else:
+            site = int(mujoco.mj_name2id(mj_model(env), mujoco.mjtObj.mjOBJ_SITE, pred[2]))
+            self._goal, self._goal_half = np.array(env.sim.data.site_xpos[site][:2]), np.array(mj_model(env).site_size[site][:2])
+        self.rot = topdown_rotation(reachable_yaw(env, gripper_yaw(env)))
+        self._new_attempt()
+
+    def _new_attempt(self) -> None:
+        self.attempts += 1
+        if self.attempts > self.max_attempts:
+            self.outcome = self.failures[-1] if self.failures else "timeout"
+            return
+        env = self.env
+        obj = np.array(env.sim.data.xpos[self.body])
+        lo, hi = body_box(env, self.body)
+        self._radius = float(np.max(hi[:2] - lo[:2]) / 2)
+        self._inner = 0.6 * self._radius  # where the rim's inside is (a plate: 4.1 cm of 6.8)
+        self._top = float(hi[2])
+        _, axes, _ = body_frame_box(env, self.body)
+        self._up = int(np.argmax(np.abs(axes[2])))
+        self._press_z = floor_top(env, self.body) + FINGER_BELOW_SITE - SLIDE_PRESS
+        others = [(blo[:2], bhi[:2]) for blo, bhi in _obstacle_boxes(env, (self.body,)) if bhi[2] > lo[2] + 0.005]
+        self.path = plan_slide(obj[:2], self._goal, self._goal_half, self._radius, others)
+        self._wp = 0
+        d = self.path[0] - obj[:2]
+        self._start_xy = obj[:2] + 0.01 * d / max(float(np.linalg.norm(d)), 1e-9)
+        eef_xy = env.eef_pose()[0][:2]
+        tops = [float(bhi[2]) for blo, bhi in _obstacle_boxes(env, (self.body,))
+                if _segment_box_distance(eef_xy, self._start_xy, blo[:2], bhi[:2]) < 0.05]
+        self._travel = max(tops + [self._top]) + 0.06
+        self.phase = _Phase("rise")
+
+    def act(self) -> np.ndarray | None:
+        for _ in range(6):
+            if self.outcome is not None:
+                return None
+            action = self._phase_action()
+            if action is not None:
+                return action
+        return step_toward(self.env, self.env.eef_pose()[0], self.rot, 1.0)
+
+    def _fail(self, kind: str) -> None:
+        self.failures.append(kind)
+        self._new_attempt()
+
+    def _phase_action(self) -> np.ndarray | None:  # noqa: C901 - one state machine, read top to bottom
+        env, ph = self.env, self.phase
+        ph.steps += 1
+        eef = env.eef_pose()[0]
+        obj = np.array(env.sim.data.xpos[self.body])
+        if ph.name == "rise":
+            if eef[2] >= self._travel - 0.02 or ph.steps > 25:
+                self.phase = _Phase("over")
+                return None
+            return step_toward(env, np.array([eef[0], eef[1], self._travel]), self.rot, 1.0)
+        if ph.name == "over":
+            goal = np.array([self._start_xy[0], self._start_xy[1], self._travel])
+            if float(np.linalg.norm(eef - goal)) < 0.015 or ph.steps > 60:
+                self.phase = _Phase("descend")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        if ph.name == "descend":
+            goal = np.array([self._start_xy[0], self._start_xy[1], self._press_z])
+            if ph.steps == 1:
+                self._last = None
+                self._still = 0
+            if self._last is not None and abs(eef[2] - self._last) < 0.001:
+                self._still += 1
+            self._last = float(eef[2])
+            if self._still >= 3 or ph.steps > 30:
+                self.phase = _Phase("drag")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        if ph.name == "drag":
+            wp = self.path[self._wp]
+            last = self._wp == len(self.path) - 1
+            e = wp - obj[:2]
+            dist = float(np.linalg.norm(e))
+            if last and (dist < 0.006 or (dist < 0.015 and predicate_holds(env, self.predicate))):
+                self.phase = _Phase("retreat")
+                return None
+            if not last and dist < 0.02:
+                self._wp += 1
+                return None
+            up = np.array(env.sim.data.xmat[self.body]).reshape(3, 3)[2, self._up]
+            if float(np.linalg.norm(eef[:2] - obj[:2])) > self._radius or abs(up) < SLIDE_MAX_TILT:
+                self._fail("slipped")
+                return None
+            if ph.steps == 1 or ph.steps % 15 == 0:
+                if ph.steps > 1 and float(np.linalg.norm(obj[:2] - self._mark)) < 0.005:
+                    self._fail("stuck")  # blocked (by an object, or the arm's reach): re-plan from here
+                    return None
+                self._mark = obj[:2].copy()
+            u = e / dist
+            goal_xy = obj[:2] + u * (self._inner + SLIDE_PEG_LEAD * min(1.0, dist / 0.03))
+            return step_toward(env, np.array([goal_xy[0], goal_xy[1], self._press_z]), self.rot, 1.0, max_step=0.05)
+        if ph.name == "retreat":
+            if eef[2] > self._top + 0.04 or ph.steps > 15:
+                if predicate_holds(env, self.predicate):
+                    self.outcome = "done"
+                else:
+                    self._fail("misplaced")
+                return None
+            return step_toward(env, np.array([eef[0], eef[1], self._top + 0.08]), self.rot, 1.0)
+        raise RuntimeError(f"unknown phase {ph.name!r}")
+
+
+def place_skill(env: LiberoEnv, predicate: list[str] | tuple[str, ...]) -> Skill:
+    """The skill for an ``on`` / ``in`` sub-goal: :class:`Slide` for a flat object onto a table region,
+    :class:`PickPlace` otherwise."""
+    pred = tuple(str(p).lower() for p in predicate)
+    return Slide(env, pred) if slidable(env, pred) else PickPlace(env, pred)
+
+
+# ------------------------------------------------------------------------------ clearing a drawer's way
+
+CLEAR_REACH = 0.62  # m: farthest spot (horizontally from the robot's base) an object is moved to; at 0.75 the
+# arm is stretched to its elbow's stop and the wrist cannot turn to the next grasp (measured)
+CLEAR_LOW = 0.025  # m: objects lower than this may be partly under a relocated object
+CLEAR_GAP = 0.03  # m: a relocated object ends this far out of an opened drawer's footprint (the hand's room)
+
+
+def opened_box(env: LiberoEnv, region: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """World box (lo, hi) the drawer behind the region site ``region`` occupies once opened (its body's box
+    moved along its slide joint to the articulated skill's ``open`` target); None when the region has no
+    single slide joint (a door, a basket) or the articulated skills are absent."""
+    try:
+        from sim.libero.articulated import find_joint, goal_target
+    except ImportError:
+        return None
+    try:
+        info = find_joint(env, region)
+        if info.kind != "slide":
+            return None
+        q_open = goal_target(info, "open")
+    except ConfigError:
+        return None
+    data = env.sim.data
+    q = float(data.qpos[info.qpos_addr])
+    lo_r, hi_r = (float(v) for v in info.fixture_range)
+    shift = np.array(data.xaxis[info.joint_id]) * (float(np.clip(q_open, lo_r, hi_r)) - q)
+    lo, hi = body_box(env, info.body_id)
+    return lo + shift, hi + shift
+
+
+def under_opened_drawer(env: LiberoEnv, obj: str, region: str) -> bool:
+    """Whether ``obj`` lies (partly) under where the drawer of ``region`` will be once open, so that no
+    top-down grasp reaches it then: their footprints overlap, grown by ``CLEAR_GAP``, with the object's
+    top below the drawer's bottom."""
+    box = opened_box(env, region)
+    if box is None or obj not in env.libero_env.objects_dict:
+        return False
+    lo, hi = body_box(env, _object_body(env, obj))
+    dlo, dhi = box
+    overlap = np.all(lo[:2] < dhi[:2] + CLEAR_GAP) and np.all(hi[:2] > dlo[:2] - CLEAR_GAP)
+    return bool(overlap and hi[2] < dlo[2])
+
+
+def clear_goal(env: LiberoEnv, obj: str, region: str) -> np.ndarray:
+    """Where (2-d, the object's origin) to move ``obj`` so it is out of the opened drawer's way: the spot
+    of a 2 cm grid within 16 cm whose footprint (grown by 5 mm) is clear of the opened drawer's footprint
+    (grown by ``CLEAR_GAP``) and of the other objects taller than ``CLEAR_LOW`` (overlapping a lower one,
+    a cream cheese box, costs a little: farther spots cost more steps than a tilted bowl), that minimises the distance moved plus half the
+    distance on to the opened drawer's region (the carry that follows), within ``CLEAR_REACH`` of the robot."""
+    import mujoco
+
+    dlo, dhi = opened_box(env, region)
+    body = _object_body(env, obj)
+    lo, hi = body_box(env, body)
+    origin = np.array(env.sim.data.xpos[body][:2])
+    site = mujoco.mj_name2id(mj_model(env), mujoco.mjtObj.mjOBJ_SITE, region)
+    closed_lo, _ = body_box(env, find_joint_body(env, region))
+    target = np.array(env.sim.data.site_xpos[site][:2]) + (dlo[:2] - closed_lo[:2])
+    half = (hi[:2] - lo[:2]) / 2 + 0.005
+    offset = (lo[:2] + hi[:2]) / 2 - origin
+    boxes = [(blo[:2], bhi[:2], 1e4 if bhi[2] > lo[2] + CLEAR_LOW else 30.0)
+             for blo, bhi in _obstacle_boxes(env, (body,)) if bhi[2] > lo[2] + 0.005]
+    boxes.append((dlo[:2] - CLEAR_GAP, dhi[:2] + CLEAR_GAP, 1e4))
+    g = np.arange(-0.16, 0.16 + 1e-9, 0.02)
+    pts = origin + np.stack(np.meshgrid(g, g), axis=-1).reshape(-1, 2)
+    c = pts + offset
+    hit = np.zeros(len(pts))
+    for blo, bhi, weight in boxes:
+        hit += weight * np.prod(np.clip(np.minimum(c + half, bhi) - np.maximum(c - half, blo), 0.0, None), axis=1)
+    base = np.asarray(env._robot.base_pos)[:2]
+    reach = np.linalg.norm(pts - base, axis=1)
+    cost = np.linalg.norm(pts - origin, axis=1) + 0.5 * np.linalg.norm(pts - target, axis=1)
+    cost += hit + 1e2 * np.maximum(reach - CLEAR_REACH, 0.0) + 1e2 * np.maximum(0.35 - reach, 0.0)
+    return pts[int(np.argmin(cost))]
+
+
+def find_joint_body(env: LiberoEnv, region: str) -> int:
+    """The moving body (a drawer) of the region site's articulated joint."""
+    from sim.libero.articulated import find_joint
+
+    return find_joint(env, region).body_id
+
+
+class Relocate(PickPlace):
+    """Skill for the solver's ``('clear', obj, drawer_region)``: carry ``obj`` to :func:`clear_goal` (out
+    of where the drawer will be once open) with :class:`PickPlace`'s grasp, transport and release."""
+
+    def __init__(self, env: LiberoEnv, predicate: list[str] | tuple[str, ...], max_attempts: int = MAX_ATTEMPTS):
+        pred = tuple(str(p).lower() for p in predicate)
+        if len(pred) != 3 or pred[0] != "clear" or pred[1] not in env.libero_env.objects_dict:
+            raise ConfigError(f"Relocate takes ('clear', object, drawer region), got {list(predicate)}")
+        self.env = env
+        self.predicate = pred
+        self.outcome = None
+        self.attempts = 0
+        self.max_attempts = int(max_attempts)
+        self.failures = []
+        self.steps = 0
+        self.body = _object_body(env, pred[1])
+        self._target_name = pred[2]
+        self._target_body = None
+        self._site = None
+        self._goal = clear_goal(env, pred[1], pred[2])
+        self._new_attempt()
+
+    def _target_xy(self) -> np.ndarray:
+        return self._goal.copy()
+
+
 # ------------------------------------------------------------------------------------------- solver
 
 
@@ -669,7 +1056,7 @@ class LiberoSolver:
         self._default_seed = seed
         self.rng = np.random.default_rng(seed)
         self.subgoals: list[_SubGoal] | None = None
-        self.skills = {"on": PickPlace, "in": PickPlace, **_articulated_skills()}
+        self.skills = {"on": place_skill, "in": place_skill, "clear": Relocate, **_articulated_skills()}
 
     def reset(self, seed: int | None = None) -> None:
         """Start an episode on the env's current (just reset, settled) state."""
@@ -737,6 +1124,9 @@ class LiberoSolver:
             if g[0] in PLACE_PREDICATES and g[2] in sites and self._hinged(sites[g[2]]):
                 opener = ("open", g[2])
                 if opener not in goals and opener not in out and not predicate_holds(self.env, opener):
+                    clear = ("clear", g[1], g[2])
+                    if not predicate_holds(self.env, clear):
+                        out.append(clear)  # the object would be under the opened drawer: move it out first
                     out.append(opener)
             out.append(g)
         return out

@@ -157,3 +157,63 @@ def test_closing_axis_matches_the_grip_site_x_axis(spatial_env):
     x = spatial_env.eef_pose()[1][:, 0].copy()
     x[2] = 0
     assert abs(np.dot(closing_axis(spatial_env), x / np.linalg.norm(x))) > 0.99
+
+
+# ------------------------------------------------------------------------------ plates and drawers
+
+
+def test_plan_slide_goes_round_an_object_in_the_way():
+    start, goal = np.array([0.0, 0.0]), np.array([0.0, 0.3])
+    cheese = (np.array([-0.04, 0.13]), np.array([0.04, 0.17]))
+    straight = S.plan_slide(start, goal, np.array([0.04, 0.04]), 0.068, [])
+    assert len(straight) == 1 and np.all(np.abs(straight[0] - goal) <= 0.04)  # nothing in the way: straight in
+    assert S._disk_box_overlap(np.array([0.0, 0.15]), 0.068, *cheese) > 0.06  # the straight way runs through it
+    path = S.plan_slide(start, goal, np.array([0.04, 0.04]), 0.068, [cheese])
+    pts = [start] + path
+    for a, b in zip(pts[:-1], pts[1:]):
+        for t in np.linspace(0, 1, 50):
+            p = a + t * (b - a)
+            assert S._disk_box_overlap(p, 0.068, *cheese) < 0.025  # grazes it at most (straight: 6.8 cm deep)
+    assert np.all(np.abs(path[-1] - goal) <= 0.04 + 1e-9)  # ends inside the region
+
+
+def test_plate_onto_a_table_region_is_slid_and_a_bowl_is_carried():
+    env = LiberoEnv("libero_goal", 5, images=False)
+    try:
+        env.reset(seed=0, options={"init_state_id": 0})
+        for _ in range(10):
+            env.step(SETTLE)
+        pred = ("on", "plate_1", "main_table_stove_front_region")
+        assert S.slidable(env, pred)
+        assert isinstance(S.place_skill(env, pred), S.Slide)
+        assert not S.slidable(env, ("on", "akita_black_bowl_1", "plate_1"))  # onto an object: carried
+        plate = S._object_body(env, "plate_1")
+        floor = S.floor_top(env, plate)
+        lo, hi = S.body_box(env, plate)
+        assert lo[2] < floor < lo[2] + 0.012 < hi[2]  # the plate's floor lies under its rim's top
+    finally:
+        env.close()
+
+
+def test_bowl_under_the_opened_drawer_is_moved_out_of_its_way_first():
+    env = LiberoEnv("libero_goal", 3, images=False)
+    try:
+        env.reset(seed=0, options={"init_state_id": 0})
+        for _ in range(10):
+            env.step(SETTLE)
+        region = "wooden_cabinet_1_top_region"
+        box = S.opened_box(env, region)
+        assert box is not None and box[0][2] > 1.0  # the top drawer, lifted above the table
+        assert S.under_opened_drawer(env, "akita_black_bowl_1", region)
+        solver = S.LiberoSolver(env)
+        solver.reset()
+        assert [s.predicate[0] for s in solver.subgoals] == ["clear", "open", "in"]
+        goal = S.clear_goal(env, "akita_black_bowl_1", region)
+        bowl = S._object_body(env, "akita_black_bowl_1")
+        lo, hi = S.body_box(env, bowl)
+        shift = goal - np.array(env.sim.data.xpos[bowl][:2])
+        dlo, dhi = box
+        moved_lo, moved_hi = lo[:2] + shift, hi[:2] + shift
+        assert not (np.all(moved_lo < dhi[:2] + S.CLEAR_GAP) and np.all(moved_hi > dlo[:2] - S.CLEAR_GAP))
+    finally:
+        env.close()
