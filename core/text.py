@@ -87,6 +87,7 @@ class TextEncoder(torch.nn.Module):
 
     @property
     def dim(self) -> int:
+        """Width of the embeddings (384 for all-MiniLM-L6-v2)."""
         return int(self.model.config.hidden_size)
 
     @torch.no_grad()
@@ -106,6 +107,7 @@ class TextEncoder(torch.nn.Module):
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
+        """``encode(texts)``."""
         return self.encode(texts)
 
 

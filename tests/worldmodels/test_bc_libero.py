@@ -10,7 +10,7 @@ import torch
 from gymnasium import spaces
 
 from worldmodels.bc.configuration_bc import BCConfig
-from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, normalize_instruction
+from worldmodels.bc.modeling_bc import BCPolicyModel, normalize_instruction
 
 TEXTS = ["pick up the black bowl next to the plate", "pick up the black bowl on the stove"]
 MULTI = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=32, horizon=4, n_action_steps=2, image_size=16,

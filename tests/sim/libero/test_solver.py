@@ -3,6 +3,8 @@ solving libero_spatial/0 and libero_object/0 from init state 0 in the benchmark'
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,19 @@ def _bddl_goal(suite: str, index: int):
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
 
     return robosuite_parse_problem(str(get_task(suite, index).bddl_path()))
+
+@contextlib.contextmanager
+def _settled(suite: str, index: int):
+    """A blind env of the task at init state 0 after the 10 settle steps of LIBERO's protocol; closed after."""
+    env = LiberoEnv(suite, index, images=False)
+    try:
+        env.reset(seed=0, options={"init_state_id": 0})
+        for _ in range(10):
+            env.step(SETTLE)
+        yield env
+    finally:
+        env.close()
+
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +193,7 @@ def test_plan_slide_goes_round_an_object_in_the_way():
 
 
 def test_plate_onto_a_table_region_is_slid_and_a_bowl_is_carried():
-    env = LiberoEnv("libero_goal", 5, images=False)
-    try:
-        env.reset(seed=0, options={"init_state_id": 0})
-        for _ in range(10):
-            env.step(SETTLE)
+    with _settled("libero_goal", 5) as env:
         pred = ("on", "plate_1", "main_table_stove_front_region")
         assert S.slidable(env, pred)
         assert isinstance(S.place_skill(env, pred), S.Slide)
@@ -191,16 +202,10 @@ def test_plate_onto_a_table_region_is_slid_and_a_bowl_is_carried():
         floor = S.floor_top(env, plate)
         lo, hi = S.body_box(env, plate)
         assert lo[2] < floor < lo[2] + 0.012 < hi[2]  # the plate's floor lies under its rim's top
-    finally:
-        env.close()
 
 
 def test_bowl_under_the_opened_drawer_is_moved_out_of_its_way_first():
-    env = LiberoEnv("libero_goal", 3, images=False)
-    try:
-        env.reset(seed=0, options={"init_state_id": 0})
-        for _ in range(10):
-            env.step(SETTLE)
+    with _settled("libero_goal", 3) as env:
         region = "wooden_cabinet_1_top_region"
         box = S.opened_box(env, region)
         assert box is not None and box[0][2] > 1.0  # the top drawer, lifted above the table
@@ -215,5 +220,3 @@ def test_bowl_under_the_opened_drawer_is_moved_out_of_its_way_first():
         dlo, dhi = box
         moved_lo, moved_hi = lo[:2] + shift, hi[:2] + shift
         assert not (np.all(moved_lo < dhi[:2] + S.CLEAR_GAP) and np.all(moved_hi > dlo[:2] - S.CLEAR_GAP))
-    finally:
-        env.close()
