@@ -35,7 +35,7 @@ import numpy as np
 
 from core.errors import DataError
 from core.io import atomic_path
-from sim.libero.env import PROPRIO_LAYOUT
+from sim.libero.env import LiberoEnv
 
 LIBERO_OBS_KEYS: tuple[str, ...] = (
     "agentview_rgb",
@@ -49,14 +49,12 @@ LIBERO_OBS_KEYS: tuple[str, ...] = (
 
 
 def libero_obs_from_env(obs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Map one ``LiberoEnv`` observation to LIBERO's demo obs keys (images back to OpenGL order)."""
-    proprio = np.asarray(obs["proprio"], dtype=np.float64)
-    out = {"agentview_rgb": np.ascontiguousarray(obs["image"][::-1])}
-    if "wrist_image" in obs:
-        out["eye_in_hand_rgb"] = np.ascontiguousarray(obs["wrist_image"][::-1])
-    for key, sl in PROPRIO_LAYOUT.items():
-        out[key] = proprio[sl]
-    out["ee_states"] = proprio[0:6]
+    """Map one ``LiberoEnv`` observation to LIBERO's demo obs keys as stored: ``LiberoEnv.demo_obs`` with the
+    images back in OpenGL row order and proprio as float64."""
+    out = LiberoEnv.demo_obs({**obs, "proprio": np.asarray(obs["proprio"], dtype=np.float64)})
+    for key in ("agentview_rgb", "eye_in_hand_rgb"):
+        if key in out:
+            out[key] = np.ascontiguousarray(out[key][::-1])
     return out
 
 
