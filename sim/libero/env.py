@@ -233,7 +233,8 @@ class LiberoEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        self._gl_current()
+        if self.images:  # a blind env renders only in render(), which makes its context current itself
+            self._gl_current()
         options = dict(options or {})
         init_state_id = options.pop("init_state_id", None)
         if options:
@@ -259,7 +260,8 @@ class LiberoEnv(gym.Env):
     def step(self, action):
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
-        self._gl_current()
+        if self.images:
+            self._gl_current()
         action = np.asarray(action, dtype=np.float64).reshape(-1)
         if action.shape != (7,):
             raise ValueError(f"LIBERO action must have 7 values, got shape {action.shape}")
