@@ -198,3 +198,12 @@ def test_every_sample_carries_its_episode_s_task(tmp_path):
     got = [int(s["task_index"]) for s in tagged.__getitems__(list(range(len(ds))))]
     want = [texts.index(ds.episode_info(i).language_instruction) for i in range(len(ds))]
     assert got == want and set(got) == {0, 1} and int(tagged[len(ds) - 1]["task_index"]) == want[-1]
+
+
+def test_gradient_checkpointing_covers_both_cameras_and_keeps_the_loss():
+    m = _model()
+    assert len(m.checkpoint_units()) == 2 * len(MULTI.channels)
+    batch = _batch(4, torch.tensor([0, 1, 0, 1]))
+    ref = m.training_step(batch)["loss"]
+    m.enable_gradient_checkpointing()
+    torch.testing.assert_close(m.training_step(batch)["loss"], ref)

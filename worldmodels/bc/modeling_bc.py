@@ -172,8 +172,8 @@ class BCPolicyModel(PreTrainedModel):
         return out.view(-1, self.config.horizon, self.config.action_dim)
 
     def checkpoint_units(self) -> list[nn.Module]:
-        """The conv blocks of the image encoder (where the activations are)."""
-        return list(self.encoder)
+        """The conv blocks of the image encoders (where the activations are), the wrist camera's included."""
+        return list(self.encoder) + (list(self.wrist_encoder) if self.config.wrist_image_key else [])
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """L1 between predicted and demonstrated chunks in normalised units, ignoring padded steps."""
