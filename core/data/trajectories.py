@@ -517,6 +517,27 @@ def open_trajectories(path: str | os.PathLike, chunk_cache_bytes: int | None = N
     return TrajectoryFile(path, chunk_cache_bytes=chunk_cache_bytes)
 
 
+def expand_data_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Data paths as the loaders take them: a folder stands for its ``*.hdf5`` files.
+
+    A folder that is not a LeRobot dataset (no ``meta/info.json``, e.g. a LIBERO suite folder) becomes its
+    ``*.hdf5`` files, sorted; files and LeRobot folders stay. Paths that do not exist are kept (the caller
+    records or refuses them).
+
+    Raises:
+        DataError: A folder without ``*.hdf5`` files.
+    """
+    from core.data.lerobot import INFO_PATH
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        found = sorted(p.glob("*.hdf5")) if p.is_dir() and not (p / INFO_PATH).is_file() else [p]
+        if not found:
+            raise DataError(p, "a folder without *.hdf5 files")
+        out.extend(found)
+    return out
+
+
 def _is_array(x: Any) -> bool:
     """Whether an entry of an episode group is an array (an h5py dataset or a LeRobot column), not a group."""
     return x is not None and hasattr(x, "shape") and hasattr(x, "dtype")
@@ -537,7 +558,11 @@ class EpisodeInfo:
 
 
 def _embodiment(attrs: Mapping[str, Any], env_meta: Mapping[str, Any]) -> str:
-    """Episode attr ``embodiment``; else env_args' ``embodiment`` or robosuite ``env_kwargs.robots[0]``."""
+    """Episode attr ``embodiment``; else env_args' ``embodiment``, robosuite's ``env_kwargs.robots``, or Panda.
+
+    ``"Panda"`` is the answer for a LIBERO file without robots (env_args with a ``bddl_file``: every LIBERO
+    benchmark task is a Panda's); ``"unknown"`` for anything else.
+    """
     if attrs.get("embodiment"):
         return str(attrs["embodiment"])
     if env_meta.get("embodiment"):
@@ -547,6 +572,8 @@ def _embodiment(attrs: Mapping[str, Any], env_meta: Mapping[str, Any]) -> str:
         return robots
     if isinstance(robots, list) and robots:
         return "+".join(map(str, robots))
+    if env_meta.get("bddl_file"):
+        return "Panda"
     return "unknown"
 
 

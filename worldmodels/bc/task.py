@@ -38,14 +38,9 @@ def ensure_data(data: TrajectoryDataConfig) -> list[Path]:
     for it), its ``data.record`` settings are kept beside it, and a file recorded with other settings is refused.
     Files nobody recorded here (no spec beside them) are used as they are.
     """
-    from core.data.lerobot import INFO_PATH
+    from core.data.trajectories import expand_data_paths
 
-    paths = []
-    for p in map(Path, data.paths):  # a folder but a LeRobot dataset (meta/info.json): its *.hdf5 (a LIBERO suite)
-        found = sorted(p.glob("*.hdf5")) if p.is_dir() and not (p / INFO_PATH).is_file() else [p]
-        if not found:
-            raise DataError(p, "a folder without *.hdf5 files")
-        paths.extend(found)
+    paths = expand_data_paths(data.paths)  # a folder but a LeRobot dataset: its *.hdf5 (a LIBERO suite)
     if not paths:
         raise DataError("data.paths", "no trajectory files configured")
     missing = [p for p in paths if not p.exists()]
