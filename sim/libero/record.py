@@ -191,7 +191,7 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
                 reasons[reason] = reasons.get(reason, 0) + 1
         problem = cam.libero_env.parsed_problem
         env_name = type(cam.libero_env).__name__
-        kwargs = {"bddl_file_name": task.bddl_file, "camera_names": ["agentview", "robot0_eye_in_hand"],
+        kwargs = {"bddl_file_name": task.bddl_file, "robots": ["Panda"], "camera_names": ["agentview", "robot0_eye_in_hand"],
                   "camera_heights": image_size, "camera_widths": image_size, "control_freq": 20,
                   "ignore_done": True, "use_camera_obs": True}
     finally:
