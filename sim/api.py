@@ -37,6 +37,9 @@ Policies come in two shapes:
                        policies implement it natively (``worldmodels.bc.modeling_bc.BCPolicy``).
 ``PerEnvPolicies`` turns K per-env policies into a ``BatchedPolicy`` by looping over them (experts are
 cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
+A policy that predicts action chunks may also offer ``action_chunk(obs, info) -> (T, A)``: the whole
+chunk it would execute from ``obs`` (no state changed), which planners use as a proposal
+(``worldmodels.lacwm.planning``).
 
 A learned policy declares what it was built for in an ``expects`` attribute, a ``PolicySpec`` (the observation
 keys / shapes it reads and the action shape it returns; its factory fills it from the checkpoint's config).

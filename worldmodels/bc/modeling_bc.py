@@ -268,28 +268,44 @@ class BCPolicy:
         images = np.asarray(obs[c.image_key])
         need = [i for i in range(len(images)) if not self._queues.get(i)]
         if need:
-            rows = slice(None) if len(need) == len(images) else need
-
-            def pixels(key: str) -> torch.Tensor:
-                frames = np.ascontiguousarray(np.asarray(obs[key])[rows])
-                return torch.as_tensor(frames).permute(0, 3, 1, 2).to(self.device)
-
-            image = pixels(c.image_key)
-            wrist = pixels(c.wrist_image_key) if c.wrist_image_key else None
-            proprio = None
-            if c.proprio_dim:
-                prop = np.concatenate([np.asarray(obs[k], dtype=np.float32)[rows] for k in c.proprio_keys], -1)
-                proprio = torch.as_tensor(prop).to(self.device)
-            extra = {"wrist": wrist} if wrist is not None else {}
-            if self.text is not None:
-                extra["text"] = self.text.expand(len(image), -1)
-            chunks = self.model(image, proprio, **extra)[:, : c.n_action_steps].float().cpu().numpy()
+            chunks = self._predict(obs, slice(None) if len(need) == len(images) else need)
             for row, i in enumerate(need):
-                self._queues[i] = deque(chunks[row])
+                self._queues[i] = deque(chunks[row, : c.n_action_steps])
         actions = np.stack([self._queues[i].popleft() for i in range(len(images))]).astype(np.float32)
+        return self._clip(actions)
+
+    @torch.no_grad()
+    def action_chunk(self, obs: dict[str, Any], info: dict[str, Any] | None = None) -> np.ndarray:
+        """(horizon, A) float32: the whole chunk the model predicts from one env's ``obs``, clipped like
+        ``act``; the pending queues are left alone (``sim.api``'s hook for planners' proposals)."""
+        obs = {k: np.asarray(v)[None] for k, v in obs.items()}
+        if self.obs_adapter is not None:
+            obs = self.obs_adapter(obs)
+        return self._clip(self._predict(obs, slice(None))[0])
+
+    def _clip(self, actions: np.ndarray) -> np.ndarray:
         if self.low is not None and self.high is not None:
-            actions = np.clip(actions, self.low, self.high).astype(np.float32)
-        return actions
+            actions = np.clip(actions, self.low, self.high)
+        return actions.astype(np.float32)
+
+    def _predict(self, obs: dict[str, np.ndarray], rows) -> np.ndarray:
+        """(n, horizon, A) chunks of the rows ``rows`` of a batched observation in the model's keys."""
+        c = self.model.config
+
+        def pixels(key: str) -> torch.Tensor:
+            frames = np.ascontiguousarray(np.asarray(obs[key])[rows])
+            return torch.as_tensor(frames).permute(0, 3, 1, 2).to(self.device)
+
+        image = pixels(c.image_key)
+        wrist = pixels(c.wrist_image_key) if c.wrist_image_key else None
+        proprio = None
+        if c.proprio_dim:
+            prop = np.concatenate([np.asarray(obs[k], dtype=np.float32)[rows] for k in c.proprio_keys], -1)
+            proprio = torch.as_tensor(prop).to(self.device)
+        extra = {"wrist": wrist} if wrist is not None else {}
+        if self.text is not None:
+            extra["text"] = self.text.expand(len(image), -1)
+        return self.model(image, proprio, **extra).float().cpu().numpy()
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """(A,) float32 action for one env (env index 0 of ``act_batch``)."""
