@@ -136,6 +136,12 @@ class WorldModelDataConfig:
     folders, read in place (never written), each file's embodiment taken from its attributes.
     ``camera`` is the manipulation suite's camera (``"workspace"``: framed on the gripper's working volume;
     robosuite's ``agentview`` loses the gripper off the top edge of small frames).
+
+    ``demos`` (files or folders of LIBERO-layout demonstration files, read in place) replaces the recorded
+    suite: the model pretrains on them and adapts to ``held_out`` = their embodiment (``"Panda"`` for
+    LIBERO) on the same episodes; nothing is recorded and there is no test split. ``image_key`` /
+    ``motion_key`` name the frames and the motion label in the files (LIBERO: ``agentview_rgb`` /
+    ``ee_states``, see ``worldmodels.lacwm.data.TransitionDataset``).
     """
 
     root: str = "outputs/lacwm/data_ws"
@@ -156,8 +162,15 @@ class WorldModelDataConfig:
     paths: list[str] = field(default_factory=list)  # the user's trajectory files / LeRobot folders (read-only)
     plan_episodes: int = 10  # closed-loop planning episodes per arm in `embodied eval` (0: skip)
     plan_max_steps: int = 40
+    demos: list[str] = field(default_factory=list)  # demonstration files / folders: the whole data (read-only)
+    image_key: str = "image"
+    motion_key: str = "eef_delta"
 
     def __post_init__(self):
+        if self.motion_key not in ("eef_delta", "ee_states"):
+            raise ConfigError(f"data.motion_key must be 'eef_delta' or 'ee_states', got {self.motion_key!r}")
+        if self.demos:
+            return  # the suite settings below are unused
         if not 1 <= self.num_pretrain_embodiments <= len(self.pretrain_embodiments):
             raise ConfigError(f"data.num_pretrain_embodiments must be in [1, {len(self.pretrain_embodiments)}], "
                               f"got {self.num_pretrain_embodiments}")

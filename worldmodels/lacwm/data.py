@@ -12,7 +12,9 @@ an anchor step ``t`` and ``K = context`` transitions of ``skip`` control steps e
 
     ``frames``       (K+1, 3, H, W) uint8, steps t-K*skip, ..., t-skip, t (upright RGB)
     ``motion``       (K, 6) float32, end-effector motion of each transition: summed ``obs/eef_delta``
-                     (dx, dy, dz in m and an axis-angle rotation in rad, world frame)
+                     (dx, dy, dz in m and an axis-angle rotation in rad, world frame); from demonstration
+                     files without ``eef_delta`` (LIBERO's: ``obs/ee_states`` = position + axis-angle),
+                     ``motion_key="ee_states"`` takes the relative pose between the transition's two ends
     ``actions``      (K, skip * A) float32, the raw env actions of each transition, concatenated in time
     ``embodiment_id``() int64, index into ``TransitionDataset.embodiments``
 """
@@ -36,6 +38,37 @@ from core.logging import get_logger
 log = get_logger("embodied.lacwm")
 
 EEF_KEY = "eef_delta"
+POSE_KEY = "ee_states"  # LIBERO demo files: (T, 6) end-effector position (m) + orientation as an axis-angle
+MOTION_KEYS = (EEF_KEY, POSE_KEY)
+
+
+def _rotvec_to_matrix(v: np.ndarray) -> np.ndarray:
+    """(..., 3) axis-angle -> (..., 3, 3) rotation matrices (Rodrigues)."""
+    theta = np.linalg.norm(v, axis=-1, keepdims=True)
+    k = v / np.maximum(theta, 1e-12)
+    kx, ky, kz = k[..., 0], k[..., 1], k[..., 2]
+    zero = np.zeros_like(kx)
+    K = np.stack([zero, -kz, ky, kz, zero, -kx, -ky, kx, zero], -1).reshape(*v.shape[:-1], 3, 3)
+    s, c = np.sin(theta)[..., None], np.cos(theta)[..., None]
+    return np.eye(3) + s * K + (1 - c) * (K @ K)
+
+
+def _matrix_to_rotvec(R: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) rotation matrices -> (..., 3) axis-angle (angle in [0, pi])."""
+    from scipy.spatial.transform import Rotation
+
+    shape = R.shape[:-2]
+    return Rotation.from_matrix(R.reshape(-1, 3, 3)).as_rotvec().reshape(*shape, 3)
+
+
+def pose_motion(poses: np.ndarray) -> np.ndarray:
+    """(N+1, 6) poses (position + axis-angle, world frame) -> (N, 6) motion between consecutive poses:
+    the position difference and the world-frame rotation ``R_{i+1} R_i^T`` as an axis-angle, the same
+    quantities ``eef_delta`` sums step by step."""
+    poses = np.asarray(poses, np.float64)
+    R = _rotvec_to_matrix(poses[:, 3:6])
+    rel = R[1:] @ np.swapaxes(R[:-1], -1, -2)
+    return np.concatenate([poses[1:, :3] - poses[:-1, :3], _matrix_to_rotvec(rel)], -1).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------ recording
@@ -213,18 +246,24 @@ class TransitionDataset(Dataset):
         episodes_per_embodiment: Keep only the first N episodes of each embodiment (few-shot adaptation).
         action_pad_to: Zero-pad ``actions`` to this many dims per transition so that embodiments with
             different action dims batch together (encoders read their own leading dims).
+        motion_key: ``"eef_delta"`` (per-step motion, summed over a transition: the workspace's recordings)
+            or ``"ee_states"`` (poses; the motion is the relative pose between a transition's ends: LIBERO's
+            demonstration files, which store no per-step motion).
     """
 
     def __init__(self, paths: Sequence[str | Path], context: int = 1, skip: int = 1, image_key: str = "image",
                  embodiments: Sequence[str] | None = None, embodiment_names: Sequence[str] | None = None,
-                 episodes_per_embodiment: int | None = None, action_pad_to: int | None = None):
+                 episodes_per_embodiment: int | None = None, action_pad_to: int | None = None,
+                 motion_key: str = EEF_KEY):
         from core.data.trajectories import TrajectoryDataset
 
         if context < 1 or skip < 1:
             raise ConfigError(f"context and skip must be >= 1, got {context}, {skip}")
-        self.context, self.skip, self.image_key = context, skip, image_key
+        if motion_key not in MOTION_KEYS:
+            raise ConfigError(f"motion_key must be one of {list(MOTION_KEYS)}, got {motion_key!r}")
+        self.context, self.skip, self.image_key, self.motion_key = context, skip, image_key, motion_key
         span = context * skip + 1
-        self.base = TrajectoryDataset(list(paths), obs_keys=[image_key, EEF_KEY], horizon=1, frame_stack=span,
+        self.base = TrajectoryDataset(list(paths), obs_keys=[image_key, motion_key], horizon=1, frame_stack=span,
                                       embodiments=embodiments)
         found = sorted({e.embodiment for e in self.base.episodes})
         self.embodiments = list(embodiment_names) if embodiment_names is not None else found
@@ -287,14 +326,17 @@ class TransitionDataset(Dataset):
         ei, t = int(s["episode_index"]), int(s["timestep"])
         K, k = self.context, self.skip
         frames = s[f"obs.{self.image_key}"][::k]  # (K+1, 3, H, W): steps t-K*k .. t
-        eef = s[f"obs.{EEF_KEY}"][:-1].reshape(K, k, -1)  # eef_delta of steps t-K*k .. t-1
+        if self.motion_key == EEF_KEY:
+            motion = s[f"obs.{EEF_KEY}"][:-1].reshape(K, k, -1).sum(1).float()  # eef_delta of steps t-K*k .. t-1
+        else:  # poses at steps t-K*k, ..., t: the relative pose over each transition
+            motion = torch.from_numpy(pose_motion(s[f"obs.{POSE_KEY}"][::k].numpy()))
         acts = torch.from_numpy(self._read_actions(ei, t - K * k, t)).reshape(K, -1)  # (K, k*A)
         if self.action_pad_to is not None:
             acts = F.pad(acts, (0, self.action_pad_to - acts.shape[-1]))
         info = self.base.episodes[ei]
         return {
             "frames": frames,
-            "motion": eef.sum(1).float(),
+            "motion": motion,
             "actions": acts,
             "embodiment_id": torch.tensor(self.embodiments.index(info.embodiment), dtype=torch.int64),
         }

@@ -6,6 +6,12 @@
 table goes to ``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
 (``reeval.json``, with planning on the largest count); ``... table`` prints the README tables of a
 ``reeval.json``. The training and evaluation code is ``worldmodels.lacwm.training`` / ``task`` / ``metrics``.
+
+``python -m worldmodels.lacwm.experiments libero-plan --world-model DIR [--proposal CKPT] --select
+model|random|policy --suite S --out DIR [--tasks IDS] [--episodes-per-task N] [--workers K]``: planning
+with a world model trained on LIBERO demos (``configs/experiment/lacwm_libero.yaml``), scored by
+``embodied libero eval``'s protocol and harness (``sim.libero.evaluate``): the policy is
+``worldmodels.lacwm.planning.libero_planner``.
 """
 
 from __future__ import annotations
@@ -186,9 +192,58 @@ def seed_markdown(tables: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def libero_plan(argv: list[str]) -> int:
+    """``libero-plan``: ``evaluate_libero`` with ``libero_planner`` as the policy; prints the table."""
+    import functools
+
+    from sim.libero.evaluate import INFO_FILE, evaluate_libero, parse_task_ids, stdout_table
+    from worldmodels.lacwm.planning import libero_planner
+
+    p = argparse.ArgumentParser(prog="python -m worldmodels.lacwm.experiments libero-plan",
+                                description="planning with a LIBERO-trained world model, in LIBERO's protocol")
+    p.add_argument("--world-model", required=True, type=Path, help="the world model's folder (e.g. .../adapted)")
+    p.add_argument("--proposal", default=None, help="a policy checkpoint proposing action chunks (none: random "
+                   "shooting, smooth random walks)")
+    p.add_argument("--select", default="model", choices=["model", "random", "policy"],
+                   help="model: closest imagined frame to the goal; random: a random candidate; policy: the "
+                   "proposal itself")
+    p.add_argument("--candidates", type=int, default=16)
+    p.add_argument("--horizon", type=int, default=2, help="transitions imagined per candidate")
+    p.add_argument("--noise", type=float, default=0.3, help="std of the candidates' offset from the proposal")
+    p.add_argument("--score-pool", type=int, default=4, dest="score_pool")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--tasks", default=None)
+    p.add_argument("--episodes-per-task", type=int, default=50, dest="episodes_per_task")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--settle-steps", type=int, default=10, dest="settle_steps")
+    p.add_argument("--videos", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    for path in (a.world_model, *([a.proposal] if a.proposal else [])):
+        if not Path(path).exists():
+            p.error(f"{path}: no such checkpoint folder")
+    factory = functools.partial(libero_planner, world_model=str(a.world_model.resolve()),
+                                proposal=str(Path(a.proposal).resolve()) if a.proposal else None, select=a.select,
+                                num_candidates=a.candidates, horizon=a.horizon, noise=a.noise,
+                                score_pool=a.score_pool, settle_steps=a.settle_steps)
+    info = evaluate_libero(factory, a.suite, episodes_per_task=a.episodes_per_task, task_ids=parse_task_ids(a.tasks),
+                           workers=a.workers, settle_steps=a.settle_steps, videos=a.videos, out=a.out, seed=a.seed,
+                           overwrite=a.overwrite, progress=True)
+    print(stdout_table(info))
+    print(f"-> {a.out / INFO_FILE}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [--arms A,B]
-    [overrides]``."""
+    [overrides]``, or ``libero-plan ...`` (see the module docstring)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["libero-plan"]:
+        return libero_plan(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["scaling", "reeval", "table"])
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 3])

@@ -185,3 +185,163 @@ def planning_eval(checkpoint, env_id: str, episodes: int = 4, seed: int = 2000, 
         out[select] = {k: s[k] for k in ("success_rate", "mean_return", "mean_length")}
         log.info("planning %s on %s: success %.2f", select, env_id, s["success_rate"])
     return out
+
+
+# ------------------------------------------------------------------------------------------------- LIBERO
+class LiberoExpertGoal:
+    """Goal image of a LIBERO episode: the task-solving expert (``sim.libero.solver.LiberoSolver``) run from
+    the episode's own start in a shadow env, its frame at success (or at ``max_steps``): privileged, as a
+    goal-image benchmark provides one.
+
+    The shadow env (blind, rendering only that frame) is reset as the evaluation resets the real one (the
+    same init state id and seed, so the same fixture poses) and gets the same ``settle_steps`` no-ops.
+    """
+
+    def __init__(self, env: Any, settle_steps: int = 10, max_steps: int | None = None):
+        from sim.libero.suites import MAX_EPISODE_STEPS
+
+        base = env.unwrapped
+        self.task = base.task
+        self.image_size = base.image_size
+        self.settle_steps = int(settle_steps)
+        self.max_steps = int(max_steps or MAX_EPISODE_STEPS[self.task.suite])
+        self._shadow = None
+
+    def __call__(self, init_state_id: int | None, seed: int | None) -> np.ndarray:
+        from sim.libero.env import LiberoEnv
+        from sim.libero.record import NOOP_ACTION
+        from sim.libero.solver import LiberoSolver
+
+        if self._shadow is None:
+            self._shadow = LiberoEnv(self.task.suite, self.task.index, image_size=self.image_size,
+                                     images=False, render_mode="rgb_array")
+        env = self._shadow
+        obs, info = env.reset(seed=seed, options={"init_state_id": "sampled" if init_state_id is None
+                                                  else int(init_state_id)})
+        for _ in range(self.settle_steps):
+            obs, _, _, _, info = env.step(NOOP_ACTION)
+        expert = LiberoSolver(env, noise=0.0)
+        expert.reset(seed)
+        for _ in range(self.max_steps):
+            obs, _, term, trunc, info = env.step(expert.act(obs, info))
+            if term or trunc:
+                break
+        self.solved = bool(info.get("success"))
+        return env.render()
+
+    def close(self) -> None:
+        if self._shadow is not None:
+            self._shadow.close()
+            self._shadow = None
+
+
+class ProposalPlanner(CandidateSelectionPlanner):
+    """``CandidateSelectionPlanner`` whose candidates come from a policy's action chunk (LIBERO, item 5 of
+    issue 31): candidate 0 is the chunk as the policy predicts it, the others the chunk plus Gaussian noise
+    (one offset per candidate over the whole chunk) on every dim but ``fixed_dims`` (the gripper: noise would
+    open a closed hand). ``proposal=None`` is random shooting: every candidate a smooth random walk. The
+    chunk is padded to ``horizon * frame_skip`` actions by repeating its last one.
+
+    Args:
+        proposal: A ``sim.api.Policy`` (``action_chunk(obs, info)`` when it has it, else ``act`` repeated on
+            the same observation after a ``reset``), or None.
+        goal_fn: ``(init_state_id, seed) -> (H, W, 3) uint8`` goal image (``LiberoExpertGoal``).
+        Others: as ``CandidateSelectionPlanner``.
+    """
+
+    def __init__(self, model, embodiment: str, env: Any, goal_fn, proposal: Any = None, num_candidates: int = 16,
+                 horizon: int = 2, select: str = "model", noise: float = 0.3, score_pool: int = 4,
+                 fixed_dims: tuple[int, ...] = (6,)):
+        if select not in ("model", "random", "policy"):
+            raise ValueError(f"select must be 'model', 'random' or 'policy', got {select!r}")
+        if select == "policy" and proposal is None:
+            raise ValueError("select='policy' needs a proposal policy")
+        self.proposal = proposal
+        self.fixed_dims = tuple(fixed_dims)
+        self.env_goal = goal_fn
+        super().__init__(model, embodiment, env, self._goal, num_candidates, horizon,
+                         select="random" if select == "policy" else select, noise=noise, expert_fraction=0.0,
+                         score_pool=score_pool)
+        self.select = select
+        self.expert = None  # candidates come from the proposal, not from the env's scripted expert
+
+    def _goal(self, seed: int | None) -> np.ndarray:
+        return self.env_goal(getattr(self.env.unwrapped, "init_state_id", None), seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        if self.select == "policy":  # the proposal alone needs no goal
+            self.rng = np.random.default_rng(None if seed is None else seed + 104729)
+            self._queue = []
+        else:
+            super().reset(seed)
+        if self.proposal is not None:
+            self.proposal.reset(seed=seed)
+
+    def chunk(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        """(horizon * frame_skip, A) actions the proposal policy would take from ``obs``."""
+        n = self.h * self.skip
+        if callable(getattr(self.proposal, "action_chunk", None)):
+            chunk = np.asarray(self.proposal.action_chunk(obs, info), np.float32)
+        else:
+            self.proposal.reset()
+            chunk = np.stack([np.asarray(self.proposal.act(obs, info), np.float32) for _ in range(n)])
+        if len(chunk) < n:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], n - len(chunk), 0)])
+        return chunk[:n]
+
+    def candidates(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        if self.proposal is None:
+            return super().candidates(obs, info)  # expert_fraction 0, no expert: all random walks
+        a_dim = self.space.shape[0]
+        base = self.chunk(obs, info).reshape(1, self.h, self.skip, a_dim)
+        offset = self.noise * self.rng.normal(size=(self.n, 1, 1, a_dim))
+        offset[0] = 0.0
+        offset[..., list(self.fixed_dims)] = 0.0
+        return np.clip(base + offset, self.space.low, self.space.high).astype(np.float32)
+
+    def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        if not self._queue and self.select == "policy":
+            self._queue = list(self.chunk(obs, info)[: self.skip])
+            self.decisions += 1
+        return super().act(obs, info)
+
+
+def libero_planner(env: Any, world_model: str, proposal: str | None = None, select: str = "model",
+                   num_candidates: int = 16, horizon: int = 2, noise: float = 0.3, score_pool: int = 4,
+                   settle_steps: int = 10) -> ProposalPlanner:
+    """``embodied libero eval`` policy factory (``env -> Policy``, picklable with ``functools.partial``): a
+    ``ProposalPlanner`` on a LAC-WM / EAC-WM checkpoint for LIBERO ``env``.
+
+    Args:
+        world_model: The world model's folder (``adapted``), trained on agent-view frames of ``env``'s size.
+        proposal: A policy checkpoint (loaded with ``core.checkpoint.load_policy``: e.g. the BC policy of
+            ``configs/experiment/bc_libero.yaml``) or None for random shooting.
+        select: ``"model"`` (the imagined end frame closest to the goal), ``"random"`` (a random candidate:
+            the same proposals without the model) or ``"policy"`` (the proposal itself, executed
+            ``frame_skip`` actions at a time: the planner's own harness for the policy alone).
+        settle_steps: The evaluation's settle steps (the goal's shadow env repeats them).
+    """
+    from core.checkpoint import load_policy
+    from core.errors import CheckpointError
+    from sim.api import PolicySpec, policy_expects
+    from worldmodels.lacwm.modeling_lacwm import WorldModel
+
+    model = WorldModel.from_pretrained(world_model)
+    emb = env.unwrapped.metadata.get("embodiment", "")
+    try:
+        model.action_encoder(emb)
+    except KeyError as e:
+        raise CheckpointError(f"{world_model}: {e.args[0]}") from None
+    prop = load_policy(proposal, env) if proposal is not None else None
+    side = model.config.image_size
+    spec = policy_expects(prop) if prop is not None else None
+    observation = dict(spec.observation) if spec is not None else {}
+    observation["image"] = (side, side, 3)  # the world model's frames: the env renders at its size
+    if spec is not None and observation["image"] != spec.observation.get("image", observation["image"]):
+        raise CheckpointError(f"{world_model}: the world model reads {side} px frames, the proposal policy "
+                              f"{spec.observation['image']}")
+    planner = ProposalPlanner(model, emb, env, LiberoExpertGoal(env, settle_steps), proposal=prop,
+                              num_candidates=num_candidates, horizon=horizon, select=select, noise=noise,
+                              score_pool=score_pool)
+    planner.expects = PolicySpec(observation, env.action_space.shape, source=str(world_model))
+    return planner

@@ -17,7 +17,7 @@ from core.config import TrainerConfig, to_container, to_object
 from core.io import write_json
 from worldmodels.lacwm.configuration_lacwm import LACWMConfig, WorldModelDataConfig
 from worldmodels.lacwm.metrics import linear_probe, rollout_error
-from worldmodels.lacwm.training import adapt, data_files, pretrain, transitions
+from worldmodels.lacwm.training import adapt, data_files, data_keys, pretrain, transitions
 
 
 def configs(cfg) -> tuple[LACWMConfig, WorldModelDataConfig, TrainerConfig]:
@@ -36,8 +36,9 @@ def train(cfg) -> dict[str, Any]:
     files = data_files(data_cfg)
     run_config = to_container(cfg)
     save_resolved(run_config, out)
-    model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config)
-    adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config)
+    keys = data_keys(data_cfg)
+    model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config, keys=keys)
+    adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config, keys=keys)
     return {"pretrained": str(out / "pretrain"), "adapted": str(out / "adapted"),
             "parameters": sum(p.numel() for p in adapted.parameters())}
 
@@ -53,16 +54,22 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
     out = Path(cfg.out_dir)
     files = data_files(data_cfg, record=True)
     path = cfg.eval.checkpoint or out / ("scratch_model" if scratch else "adapted")
+    if data_cfg.demos:
+        from core.errors import ConfigError
+
+        raise ConfigError("data.demos: a model trained on demonstrations has no test split here; score its "
+                          "planning on LIBERO with `python -m worldmodels.lacwm.experiments libero-plan`")
     model = WorldModel.from_pretrained(path)
-    test = transitions(files["test"], model.config, context=8)
+    keys = data_keys(data_cfg)
+    test = transitions(files["test"], model.config, context=8, **keys)
     judge = None
     pre_path = out / "pretrain"
     result: dict[str, Any] = {"checkpoint": str(path), "held_out": data_cfg.held_out}
     if isinstance(model, LACWorldModel):
         judge = model
         pre = WorldModel.from_pretrained(pre_path)
-        pairs = (transitions(files["adapt"], model.config, context=1),
-                 transitions(files["test"], model.config, context=1))
+        pairs = (transitions(files["adapt"], model.config, context=1, **keys),
+                 transitions(files["test"], model.config, context=1, **keys))
         result["probe"] = linear_probe(pre, *pairs)
         # the adapted IDM saw the held-out embodiment (stage-1 LoRA with the LAC loss on the adaptation episodes)
         result["probe_adapted"] = linear_probe(model, *pairs)

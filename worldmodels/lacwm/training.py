@@ -37,6 +37,14 @@ def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, lis
     the user's ``data.paths`` (HDF5 files or LeRobot folders, read in place) join the pretraining split."""
     from worldmodels.lacwm.data import RecordSpec, check_cached, record_suite, suite_specs
 
+    if data.demos:  # the user's demonstrations are the whole data: nothing recorded, no test split
+        from core.data.trajectories import expand_data_paths
+
+        demos = expand_data_paths(Path(p).expanduser() for p in data.demos)
+        for p in demos:
+            if not p.exists():
+                raise DataError(p, "no such file or folder (data.demos: demonstration HDF5 files or folders)")
+        return {"pretrain": demos, "adapt": demos, "test": []}
     root = Path(data.root)
     embs = data.pretrain_embodiments[: data.num_pretrain_embodiments]
     plan = {
@@ -71,8 +79,14 @@ def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, lis
     return out
 
 
+def data_keys(data: WorldModelDataConfig) -> dict[str, str]:
+    """The ``TransitionDataset`` keys of the frames and the motion label in ``data``'s files."""
+    return {"image_key": data.image_key, "motion_key": data.motion_key}
+
+
 def transitions(paths: list[Path], model_cfg: LACWMConfig, context: int | None = None, **kw):
-    """A ``TransitionDataset`` with the model's skip and (by default) context."""
+    """A ``TransitionDataset`` with the model's skip and (by default) context; ``kw`` as the dataset takes it
+    (``image_key`` / ``motion_key`` from ``data_keys``)."""
     from worldmodels.lacwm.data import TransitionDataset
 
     return TransitionDataset(paths, context=context or model_cfg.context, skip=model_cfg.frame_skip, **kw)
@@ -87,15 +101,16 @@ def motion_stats(ds) -> tuple[np.ndarray, np.ndarray]:
 
 # ------------------------------------------------------------------------------------------- training
 def pretrain(model_cfg: LACWMConfig, files: dict[str, list[Path]], trainer_cfg: TrainerConfig, out_dir: Path,
-             run_config: dict[str, Any]):
-    """Pretrain LAC-WM / EAC-WM on the pretraining files; returns the trained model."""
+             run_config: dict[str, Any], keys: dict[str, str] | None = None):
+    """Pretrain LAC-WM / EAC-WM on the pretraining files (``keys``: ``data_keys``); returns the trained model."""
     from core.trainer import Trainer, seed_everything
     from worldmodels.lacwm.modeling_lacwm import LACWorldModel, build_model
 
-    probe = transitions(files["pretrain"], model_cfg)
+    keys = keys or {}
+    probe = transitions(files["pretrain"], model_cfg, **keys)
     dims = {e: probe.action_dims[e] for e in probe.embodiments}
     pad = max(dims.values())
-    ds = transitions(files["pretrain"], model_cfg, action_pad_to=pad, embodiment_names=list(dims))
+    ds = transitions(files["pretrain"], model_cfg, action_pad_to=pad, embodiment_names=list(dims), **keys)
     model_cfg = dataclasses.replace(model_cfg, action_dims=dims if model_cfg.conditioning == "explicit" else {})
     seed_everything(trainer_cfg.seed)
     model = build_model(model_cfg)
@@ -110,8 +125,9 @@ def pretrain(model_cfg: LACWMConfig, files: dict[str, list[Path]], trainer_cfg: 
 
 
 def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: TrainerConfig, out_dir: Path,
-          run_config: dict[str, Any], scratch: bool = False):
-    """Adapt ``pretrained`` (or train the scratch arm) on the held-out embodiment's few demonstrations."""
+          run_config: dict[str, Any], scratch: bool = False, keys: dict[str, str] | None = None):
+    """Adapt ``pretrained`` (or train the scratch arm) on the held-out embodiment's few demonstrations
+    (``keys``: ``data_keys``)."""
     from core.checkpoint import save_checkpoint
     from core.trainer import Trainer, seed_everything
     from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, adapted_config, stage_plan
@@ -120,7 +136,9 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
 
     held_out = embodiment_name(held_out)
     base_cfg = pretrained.config
-    ds = transitions(files["adapt"], base_cfg)
+    ds = transitions(files["adapt"], base_cfg, embodiments=[held_out], **(keys or {}))
+    if not len(ds):
+        raise DataError(files["adapt"][0], f"no {held_out!r} episodes to adapt to")
     a_dim = ds.action_dims[held_out]
     seed_everything(trainer_cfg.seed)
     model = build_model(adapted_config(base_cfg, held_out, a_dim, scratch=True)) if scratch \
