@@ -215,6 +215,7 @@ def libero_plan(argv: list[str]) -> int:
     p.add_argument("--tasks", default=None)
     p.add_argument("--episodes-per-task", type=int, default=50, dest="episodes_per_task")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None, dest="max_steps", help="default: the suite's limit")
     p.add_argument("--settle-steps", type=int, default=10, dest="settle_steps")
     p.add_argument("--videos", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -229,7 +230,7 @@ def libero_plan(argv: list[str]) -> int:
                                 num_candidates=a.candidates, horizon=a.horizon, noise=a.noise,
                                 score_pool=a.score_pool, settle_steps=a.settle_steps)
     info = evaluate_libero(factory, a.suite, episodes_per_task=a.episodes_per_task, task_ids=parse_task_ids(a.tasks),
-                           workers=a.workers, settle_steps=a.settle_steps, videos=a.videos, out=a.out, seed=a.seed,
+                           workers=a.workers, max_steps=a.max_steps, settle_steps=a.settle_steps, videos=a.videos, out=a.out, seed=a.seed,
                            overwrite=a.overwrite, progress=True)
     print(stdout_table(info))
     print(f"-> {a.out / INFO_FILE}")

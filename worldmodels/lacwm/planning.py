@@ -205,6 +205,7 @@ class LiberoExpertGoal:
         self.image_size = base.image_size
         self.settle_steps = int(settle_steps)
         self.max_steps = int(max_steps or MAX_EPISODE_STEPS[self.task.suite])
+        self.solved: bool | None = None
         self._shadow = None
 
     def __call__(self, init_state_id: int | None, seed: int | None) -> np.ndarray:
@@ -269,6 +270,7 @@ class ProposalPlanner(CandidateSelectionPlanner):
         return self.env_goal(getattr(self.env.unwrapped, "init_state_id", None), seed)
 
     def reset(self, seed: int | None = None) -> None:
+        self.decisions = 0
         if self.select == "policy":  # the proposal alone needs no goal
             self.rng = np.random.default_rng(None if seed is None else seed + 104729)
             self._queue = []
@@ -276,6 +278,11 @@ class ProposalPlanner(CandidateSelectionPlanner):
             super().reset(seed)
         if self.proposal is not None:
             self.proposal.reset(seed=seed)
+
+    def episode_stats(self) -> dict[str, Any]:
+        """Kept by ``embodied libero eval`` as the episode's ``policy_stats``: decisions made and whether the
+        expert behind the goal image solved the task (a goal it did not reach is no goal)."""
+        return {"decisions": self.decisions, "goal_solved": getattr(self.env_goal, "solved", None)}
 
     def chunk(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """(horizon * frame_skip, A) actions the proposal policy would take from ``obs``."""

@@ -156,7 +156,11 @@ def test_model_selection_executes_the_best_scored_candidate_and_policy_mode_the_
     monkeypatch.setattr(ProposalPlanner, "candidates", spy)
     acts = [planner.act(obs, {}) for _ in range(3)]
     np.testing.assert_allclose(np.stack(acts), seen["c"][2, 0])  # the first transition of candidate 2
-    assert planner.decisions == 1
+    assert planner.episode_stats() == {"decisions": 1, "goal_solved": None}
+    planner.act(obs, {})
+    assert planner.decisions == 2
+    planner.reset(1)
+    assert planner.decisions == 0
     goals = []
     policy = _planner("policy", _ChunkPolicy(), goals)
     policy.reset(0)
@@ -182,3 +186,30 @@ def test_bc_action_chunk_is_the_whole_prediction_and_leaves_the_queue_alone():
     np.testing.assert_allclose(chunk[0], first, atol=1e-6)
     np.testing.assert_allclose(policy.act(obs, {}), chunk[1], atol=1e-6)  # the queue went on where it was
     assert dataclasses.asdict(cfg)["n_action_steps"] == 2
+
+
+@pytest.mark.timeout(600)
+def test_libero_planner_runs_in_libero_s_eval_harness_with_a_solved_goal(tmp_path):
+    """Random shooting with a (tiny, untrained) world model on libero_spatial/0, init state 0: the env renders
+    at the model's size, the goal comes from the expert solving the same start, decisions every frame_skip."""
+    import functools
+
+    from core.checkpoint import save_checkpoint
+    from sim.libero.evaluate import evaluate_libero
+    from tests.worldmodels.lacwm.test_lacwm import TINY
+    from worldmodels.lacwm.adaptation import adapt_model
+    from worldmodels.lacwm.configuration_lacwm import LACWMConfig
+    from worldmodels.lacwm.modeling_lacwm import build_model
+    from worldmodels.lacwm.planning import libero_planner
+
+    torch.manual_seed(0)
+    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 3})), "Panda", 21)
+    save_checkpoint(tmp_path / "wm", model, {"model": dataclasses.asdict(model.config)})
+    factory = functools.partial(libero_planner, world_model=str(tmp_path / "wm"), proposal=None, select="model",
+                                num_candidates=4, horizon=2)
+    info = evaluate_libero(factory, "libero_spatial", task_ids=[0], episodes_per_task=1, max_steps=6, videos=0,
+                           out=tmp_path / "eval", progress=False)
+    (rec,) = info["per_episode"]
+    assert rec["steps"] == 6 and rec["failure"] == "timeout"
+    assert rec["policy_stats"] == {"decisions": 2, "goal_solved": True}
+    assert info["config"]["images"] is True
