@@ -141,7 +141,9 @@ class WorldModelDataConfig:
     suite: the model pretrains on them and adapts to ``held_out`` = their embodiment (``"Panda"`` for
     LIBERO) on the same episodes; nothing is recorded and there is no test split. ``image_key`` /
     ``motion_key`` name the frames and the motion label in the files (LIBERO: ``agentview_rgb`` /
-    ``ee_states``, see ``worldmodels.lacwm.data.TransitionDataset``).
+    ``ee_states``, see ``worldmodels.lacwm.data.TransitionDataset``). ``motion_key="ee_states"`` without
+    ``demos`` composes (an experiment file that the user completes on the command line) and fails when the
+    data is asked for, since recorded suites carry no ``ee_states``.
     """
 
     root: str = "outputs/lacwm/data_ws"
@@ -169,8 +171,8 @@ class WorldModelDataConfig:
     def __post_init__(self):
         if self.motion_key not in ("eef_delta", "ee_states"):
             raise ConfigError(f"data.motion_key must be 'eef_delta' or 'ee_states', got {self.motion_key!r}")
-        if self.demos:
-            return  # the suite settings below are unused
+        if self.demos or self.motion_key == "ee_states":
+            return  # demonstration data (ee_states labels exist only in demo files): the suite settings are unused
         if not 1 <= self.num_pretrain_embodiments <= len(self.pretrain_embodiments):
             raise ConfigError(f"data.num_pretrain_embodiments must be in [1, {len(self.pretrain_embodiments)}], "
                               f"got {self.num_pretrain_embodiments}")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from core.config import TrainerConfig
-from core.errors import DataError
+from core.errors import ConfigError, DataError
 from core.logging import get_logger
 from worldmodels.lacwm.configuration_lacwm import LACWMConfig, WorldModelDataConfig
 
@@ -45,6 +45,9 @@ def data_files(data: WorldModelDataConfig, record: bool = True) -> dict[str, lis
             if not p.exists():
                 raise DataError(p, "no such file or folder (data.demos: demonstration HDF5 files or folders)")
         return {"pretrain": demos, "adapt": demos, "test": []}
+    if data.motion_key == "ee_states":
+        raise ConfigError("data.demos is empty: motion_key 'ee_states' reads demonstration files; name them with "
+                          "'data.demos=[FILE_OR_FOLDER]'")
     root = Path(data.root)
     embs = data.pretrain_embodiments[: data.num_pretrain_embodiments]
     plan = {

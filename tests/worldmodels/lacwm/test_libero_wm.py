@@ -213,3 +213,18 @@ def test_libero_planner_runs_in_libero_s_eval_harness_with_a_solved_goal(tmp_pat
     assert rec["steps"] == 6 and rec["failure"] == "timeout"
     assert rec["policy_stats"] == {"decisions": 2, "goal_solved": True}
     assert info["config"]["images"] is True
+
+
+def test_the_libero_experiment_composes_without_demos_and_asks_for_them():
+    from core.config import compose
+    from core.errors import ConfigError
+    from worldmodels.lacwm.configuration_lacwm import WorldModelDataConfig
+    from worldmodels.lacwm.training import data_files
+
+    cfg = compose(["experiment=lacwm_libero", "debug=tiny"])
+    assert cfg.data.held_out == "Panda" and cfg.data.motion_key == "ee_states"
+    data = WorldModelDataConfig(held_out="Panda", motion_key="ee_states", image_key="agentview_rgb")
+    with pytest.raises(ConfigError, match="data.demos is empty"):
+        data_files(data)
+    with pytest.raises(ConfigError, match="also a pretraining embodiment"):  # the suite's check still holds
+        WorldModelDataConfig(held_out="Panda")
