@@ -96,6 +96,9 @@ def _axis_angle_from_matrix(r: np.ndarray) -> np.ndarray:
     return Rotation.from_matrix(r).as_rotvec()
 
 
+_REFLECTION_FLAG = 2  # mujoco.mjtRndFlag.mjRND_REFLECTION (checked in the tests; mujoco is imported late here)
+
+
 class LiberoEnv(gym.Env):
     """One LIBERO task as a Gymnasium env (see the module docstring for spaces and conventions).
 
@@ -111,6 +114,11 @@ class LiberoEnv(gym.Env):
             state (the privileged expert, random); ``render()`` still renders a frame on demand.
         render_samples: MSAA samples of the offscreen frames. 0 (the default here) halves the cost of a
             frame on a CPU renderer; 4 is robosuite's and LIBERO's own. Record and evaluate with the same value.
+        render_reflections: draw the mirror reflections of reflective surfaces (the table, the cabinets), as
+            robosuite and LIBERO do. Off (the default here) halves the cost of a camera frame again on a CPU
+            renderer (measured 0.13 -> 0.07 s per step with two 64 px cameras, MSAA off) and changes a 64 px
+            frame by about 1 / 255 on average. Record and evaluate with the same value; for a policy trained on
+            LIBERO's own downloaded demos, ``render_samples=4, render_reflections=True`` is LIBERO's look.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_FREQ}
@@ -125,6 +133,7 @@ class LiberoEnv(gym.Env):
         render_mode: str | None = None,
         images: bool = True,
         render_samples: int = 0,
+        render_reflections: bool = False,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ConfigError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -135,6 +144,7 @@ class LiberoEnv(gym.Env):
         self.images = bool(images)
         self.use_wrist_image = bool(wrist_image) and self.images
         self.render_mode = render_mode
+        self.render_reflections = bool(render_reflections)
         paths = prepare_libero()
         self.init_states = load_init_states(self.task.init_states_path(paths["benchmark_root"]))
 
@@ -346,6 +356,8 @@ class LiberoEnv(gym.Env):
         ctx = getattr(self._rs.sim, "_render_context_offscreen", None)
         if ctx is not None:
             ctx.gl_ctx.make_current()
+            # robosuite leaves the scene's reflection flag on; it is this env's setting every time it renders
+            ctx.scn.flags[_REFLECTION_FLAG] = int(self.render_reflections)
 
     def _set_render_samples(self, n: int) -> None:
         """Multisampling of the offscreen frames (the model's ``vis.quality.offsamples``; robosuite's XML has 4).

@@ -322,6 +322,28 @@ def test_render_samples_switch_msaa_and_only_touch_edges(env):
     np.testing.assert_array_equal(env.reset(seed=0, options={"init_state_id": 0})[0]["image"], obs0["image"])
 
 
+def test_reflections_are_off_by_default_and_only_touch_reflective_surfaces(env):
+    """Mirror reflections (robosuite's and LIBERO's look) cost a second scene pass on llvmpipe; off by default,
+    on for a policy trained on LIBERO's own renders. The frames differ a little, only where things reflect."""
+    import mujoco
+
+    from sim.libero.env import _REFLECTION_FLAG
+
+    assert _REFLECTION_FLAG == int(mujoco.mjtRndFlag.mjRND_REFLECTION)
+    scn = env.sim._render_context_offscreen.scn
+    off, _ = env.reset(seed=0, options={"init_state_id": 0})
+    assert scn.flags[_REFLECTION_FLAG] == 0
+    try:
+        env.render_reflections = True
+        on, _ = env.reset(seed=0, options={"init_state_id": 0})
+        assert scn.flags[_REFLECTION_FLAG] == 1
+        diff = np.abs(off["image"].astype(int) - on["image"].astype(int)).max(-1)
+        assert 0 < diff.mean() < 6 and (diff > 0).mean() < 0.5  # the same scene; some surfaces mirror it
+    finally:
+        env.render_reflections = False
+    np.testing.assert_array_equal(env.reset(seed=0, options={"init_state_id": 0})[0]["image"], off["image"])
+
+
 def test_two_rendering_envs_in_one_process_draw_their_own_frames(env):
     """robosuite renders into the current GL context; a newer env must not leave the older one drawing with it."""
     from sim.libero.env import LiberoEnv
