@@ -25,6 +25,12 @@ class BCConfig:
     from the data; their embeddings are stored in the checkpoint, so evaluation on those tasks needs no
     encoder. ``random_shift`` pads by that many pixels and crops back at a random offset per sample during
     training (DrQ's augmentation, which image BC on few demos needs to generalise across placements).
+
+    ``head`` is how the chunk is predicted: ``"l1"`` regresses it (ACT's L1 in normalised units, one answer
+    per observation) and ``"flow"`` samples it by conditional flow matching (Lipman et al., ICLR 2023; the
+    action expert of pi0 and flow-matching policies): a velocity network on (noisy chunk, time, features) is
+    integrated from Gaussian noise with ``flow_steps`` Euler steps, so demonstrations that do one thing two
+    ways (grasp this rim or that one) give one of the ways instead of their average.
     """
 
     image_key: str = "image"
@@ -41,6 +47,8 @@ class BCConfig:
     num_keypoints: int = 32
     hidden_dim: int = 256
     dropout: float = 0.1
+    head: str = "l1"
+    flow_steps: int = 10
     horizon: int = 8
     n_action_steps: int = 4
     action_dim: int = 0
@@ -57,6 +65,10 @@ class BCConfig:
             raise ConfigError(f"model.random_shift must be >= 0, got {self.random_shift}")
         if self.wrist_image_key is not None and self.wrist_image_key == self.image_key:
             raise ConfigError(f"model.wrist_image_key must differ from model.image_key ({self.image_key!r})")
+        if self.head not in ("l1", "flow"):
+            raise ConfigError(f"model.head must be 'l1' or 'flow', got {self.head!r}")
+        if self.flow_steps < 1:
+            raise ConfigError(f"model.flow_steps must be >= 1, got {self.flow_steps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
 

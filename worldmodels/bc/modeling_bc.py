@@ -2,8 +2,8 @@
 
 References: robomimic's image BC (Mandlekar et al., CoRL 2021: conv encoder + spatial-softmax
 keypoints) and ACT's action chunking (Zhao et al., RSS 2023: predict a chunk, execute part of it).
-Deviations: no transformer / CVAE (a deterministic MLP head); L1 loss in normalised action space as
-in ACT. Its role here is the workspace's reference method (the pattern method folders follow); the
+Deviations: no transformer / CVAE. The chunk head is a deterministic MLP with ACT's L1 loss in normalised
+action space (``head="l1"``), or a flow-matching MLP that samples the chunk (``head="flow"``, ``FlowHead``). Its role here is the workspace's reference method (the pattern method folders follow); the
 LAC-WM / EAC-WM planners draw their candidates from the scripted expert and random walks, not from it.
 
 Frames: ``image`` is (B, 3, H, W) uint8 RGB, upright; ``proprio`` (B, P) float32 as the env documents;
@@ -59,6 +59,59 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
     )
 
 
+def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """(B,) times in [0, 1] -> (B, dim) sinusoidal features, frequencies 1 to 1000 cycles per unit time."""
+    half = dim // 2
+    freqs = torch.exp(np.log(1000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1))
+    angles = 2 * np.pi * t.float()[:, None] * freqs[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class FlowHead(nn.Module):
+    """Velocity network of conditional flow matching over a flattened action chunk.
+
+    ``x_t = t * a + (1 - t) * eps`` runs from noise (t = 0) to the demonstrated chunk (t = 1); the network
+    predicts ``a - eps`` from (x_t, t, observation features), and sampling integrates it from fresh noise.
+    The observation is embedded once per sample (``condition``) and reused at every integration step.
+    """
+
+    def __init__(self, feat: int, hidden: int, out: int, dropout: float, time_dim: int = 64):
+        super().__init__()
+        self.time_dim = time_dim
+        self.condition = nn.Sequential(nn.Linear(feat, hidden), nn.SiLU(), nn.Dropout(dropout))
+        self.velocity = nn.Sequential(
+            nn.Linear(hidden + out + time_dim, hidden),
+            nn.SiLU(),
+            nn.Linear(hidden, hidden),
+            nn.SiLU(),
+            nn.Linear(hidden, hidden),
+            nn.SiLU(),
+            nn.Linear(hidden, out),
+        )
+
+    def forward(self, cond: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """(B, hidden) conditioning, (B, out) noisy chunk, (B,) times -> (B, out) velocity."""
+        return self.velocity(torch.cat([cond, x, time_embedding(t, self.time_dim).to(x.dtype)], dim=-1))
+
+    def loss(self, cond: torch.Tensor, target: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, out) squared velocity errors for chunks ``target`` (normalised units), one time and noise per row."""
+        eps = torch.randn(target.shape, generator=generator, device=target.device, dtype=target.dtype)
+        t = torch.rand(target.shape[0], generator=generator, device=target.device, dtype=target.dtype)
+        x_t = t[:, None] * target + (1 - t[:, None]) * eps
+        return (self(cond, x_t, t) - (target - eps)) ** 2
+
+    def sample(self, cond: torch.Tensor, out: int, steps: int, noise: torch.Tensor | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, out) chunks: Euler integration of the velocity from ``noise`` (default: fresh N(0, I))."""
+        x = noise if noise is not None else torch.randn(cond.shape[0], out, generator=generator,
+                                                        device=cond.device, dtype=cond.dtype)
+        dt = 1.0 / steps
+        for k in range(steps):
+            t = torch.full((cond.shape[0],), k * dt, device=cond.device, dtype=cond.dtype)
+            x = x + dt * self(cond, x, t)
+        return x
+
+
 class BCPolicyModel(PreTrainedModel):
     """Image + proprio -> a chunk of ``horizon`` actions.
 
@@ -94,14 +147,17 @@ class BCPolicyModel(PreTrainedModel):
             self.text_proj = nn.Linear(config.text_dim, config.hidden_dim // 4)
             feat += config.hidden_dim // 4
             self.register_buffer("task_embeddings", torch.zeros(len(config.task_texts), config.text_dim))
-        self.head = nn.Sequential(
-            nn.Linear(feat, config.hidden_dim),
-            nn.SiLU(),
-            nn.Dropout(config.dropout),
-            nn.Linear(config.hidden_dim, config.hidden_dim),
-            nn.SiLU(),
-            nn.Linear(config.hidden_dim, config.horizon * config.action_dim),
-        )
+        if config.head == "flow":
+            self.head = FlowHead(feat, config.hidden_dim, config.horizon * config.action_dim, config.dropout)
+        else:
+            self.head = nn.Sequential(
+                nn.Linear(feat, config.hidden_dim),
+                nn.SiLU(),
+                nn.Dropout(config.dropout),
+                nn.Linear(config.hidden_dim, config.hidden_dim),
+                nn.SiLU(),
+                nn.Linear(config.hidden_dim, config.horizon * config.action_dim),
+            )
         p, a = max(config.proprio_dim, 1), config.action_dim
         self.register_buffer("proprio_mean", torch.zeros(p))
         self.register_buffer("proprio_std", torch.ones(p))
@@ -161,31 +217,47 @@ class BCPolicyModel(PreTrainedModel):
         return torch.cat(feats, dim=-1)
 
     def forward(self, image: torch.Tensor, proprio: torch.Tensor | None = None, wrist: torch.Tensor | None = None,
-                text: torch.Tensor | None = None) -> torch.Tensor:
+                text: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """(B, 3, H, W) uint8 images (agent view, wrist), (B, P) proprio, (B, text_dim) instruction
-        embeddings -> (B, horizon, A) actions in env units."""
-        return self.predict_normalized(image, proprio, wrist, text) * self.action_std + self.action_mean
+        embeddings -> (B, horizon, A) actions in env units (a flow head draws its noise from ``generator``)."""
+        out = self.predict_normalized(image, proprio, wrist, text, generator=generator)
+        return out * self.action_std + self.action_mean
 
     def predict_normalized(self, image: torch.Tensor, proprio: torch.Tensor | None, wrist: torch.Tensor | None = None,
-                           text: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.head(self._features(image, proprio, wrist, text))
-        return out.view(-1, self.config.horizon, self.config.action_dim)
+                           text: torch.Tensor | None = None, noise: torch.Tensor | None = None,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, horizon, A) chunk in normalised units: the L1 head's answer, or a flow head's sample from
+        ``noise`` ((B, horizon * A); default fresh noise from ``generator``)."""
+        c = self.config
+        feats = self._features(image, proprio, wrist, text)
+        if c.head == "flow":
+            out = self.head.sample(self.head.condition(feats), c.horizon * c.action_dim, c.flow_steps, noise, generator)
+        else:
+            out = self.head(feats)
+        return out.view(-1, c.horizon, c.action_dim)
 
     def checkpoint_units(self) -> list[nn.Module]:
         """The conv blocks of the image encoders (where the activations are), the wrist camera's included."""
         return list(self.encoder) + (list(self.wrist_encoder) if self.config.wrist_image_key else [])
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """L1 between predicted and demonstrated chunks in normalised units, ignoring padded steps."""
+        """L1 between predicted and demonstrated chunks in normalised units (``head="l1"``), or the flow
+        matching loss (squared velocity error, ``head="flow"``), ignoring padded steps."""
         c = self.config
         image = self._augment(batch[f"obs.{c.image_key}"][:, -1])  # (B, 3, H, W): the newest stacked frame
         wrist = self._augment(batch[f"obs.{c.wrist_image_key}"][:, -1]) if c.wrist_image_key else None
         proprio = torch.cat([batch[f"obs.{k}"][:, -1].float() for k in c.proprio_keys], -1) if c.proprio_dim else None
         text = self.task_embeddings[batch["task_index"]] if c.language else None
         target = (batch["actions"][:, : c.horizon].float() - self.action_mean) / self.action_std  # (B, h, A)
-        pred = self.predict_normalized(image, proprio, wrist, text)
         valid = ~batch["actions_is_pad"][:, : c.horizon]  # (B, h)
-        err = (pred - target).abs().mean(-1)  # (B, h)
+        if c.head == "flow":
+            # the whole chunk is the network's input here, so padded steps are set to the mean action (0 in
+            # normalised units) whatever the loader put there, and left out of the loss as for L1
+            feats = self._features(image, proprio, wrist, text)
+            chunk = torch.where(valid[..., None], target, torch.zeros_like(target))
+            err = self.head.loss(self.head.condition(feats), chunk.flatten(1)).view_as(target).mean(-1)
+        else:
+            err = (self.predict_normalized(image, proprio, wrist, text) - target).abs().mean(-1)  # (B, h)
         loss = (err * valid).sum() / valid.sum().clamp_min(1)
         return {"loss": loss}
 
@@ -217,7 +289,9 @@ class BCPolicy:
     ``reset(index=i)`` when env ``i`` starts an episode. Also a per-env ``sim.api.Policy``: ``act`` is
     ``act_batch`` on a batch of one (env index 0), so one instance serves either a single env through
     ``act`` or K envs through ``act_batch``, not both at once. Actions are clipped to
-    ``[action_low, action_high]`` when both are given. Deterministic: seeds are ignored.
+    ``[action_low, action_high]`` when both are given. An L1 head is deterministic; a flow head draws its
+    noise from one generator that ``reset(seed=s)`` re-seeds, so an episode started with the same seed
+    gets the same actions.
 
     Args:
         model: The trained model (put in eval mode and moved to ``device``).
@@ -240,9 +314,14 @@ class BCPolicy:
         self.text = None if text is None else torch.as_tensor(text, dtype=torch.float32).reshape(1, -1).to(device)
         self.obs_adapter = obs_adapter
         self._queues: dict[int, deque[np.ndarray]] = {}  # env index -> pending (A,) actions of its chunk
+        self._generator = torch.Generator(self.device)
+        self._generator.manual_seed(0)
 
     def reset(self, seed: int | None = None, index: int | None = None) -> None:
-        """Drop the pending chunk actions of env ``index`` (of every env when None)."""
+        """Drop the pending chunk actions of env ``index`` (of every env when None); a seed re-seeds the
+        flow head's noise."""
+        if seed is not None:
+            self._generator.manual_seed(int(seed) % (2**63))
         if index is None:
             self._queues.clear()
         else:
@@ -305,7 +384,7 @@ class BCPolicy:
         extra = {"wrist": wrist} if wrist is not None else {}
         if self.text is not None:
             extra["text"] = self.text.expand(len(image), -1)
-        return self.model(image, proprio, **extra).float().cpu().numpy()
+        return self.model(image, proprio, generator=self._generator, **extra).float().cpu().numpy()
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """(A,) float32 action for one env (env index 0 of ``act_batch``)."""
