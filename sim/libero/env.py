@@ -116,7 +116,7 @@ class LiberoEnv(gym.Env):
             frame on a CPU renderer; 4 is robosuite's and LIBERO's own. Record and evaluate with the same value.
         render_reflections: draw the mirror reflections of reflective surfaces (the table, the cabinets), as
             robosuite and LIBERO do. Off (the default here) halves the cost of a camera frame again on a CPU
-            renderer (measured 0.13 -> 0.07 s per step with two 64 px cameras, MSAA off) and changes a 64 px
+            renderer (measured 0.13 -> 0.085 s per step with two 64 px cameras, MSAA off) and changes a 64 px
             frame by about 1 / 255 on average. Record and evaluate with the same value; for a policy trained on
             LIBERO's own downloaded demos, ``render_samples=4, render_reflections=True`` is LIBERO's look.
     """

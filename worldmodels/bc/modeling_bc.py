@@ -3,7 +3,8 @@
 References: robomimic's image BC (Mandlekar et al., CoRL 2021: conv encoder + spatial-softmax
 keypoints) and ACT's action chunking (Zhao et al., RSS 2023: predict a chunk, execute part of it).
 Deviations: no transformer / CVAE. The chunk head is a deterministic MLP with ACT's L1 loss in normalised
-action space (``head="l1"``), or a flow-matching MLP that samples the chunk (``head="flow"``, ``FlowHead``). Its role here is the workspace's reference method (the pattern method folders follow); the
+action space (``head="l1"``), or a flow-matching MLP that samples the chunk (``head="flow"``, ``FlowHead``).
+Its role here is the workspace's reference method (the pattern method folders follow); the
 LAC-WM / EAC-WM planners draw their candidates from the scripted expert and random walks, not from it.
 
 Frames: ``image`` is (B, 3, H, W) uint8 RGB, upright; ``proprio`` (B, P) float32 as the env documents;
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.layers.dit import timestep_embedding
 from core.pretrained import PreTrainedModel
 from worldmodels.bc.configuration_bc import BCConfig
 
@@ -59,14 +61,6 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
     )
 
 
-def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """(B,) times in [0, 1] -> (B, dim) sinusoidal features, frequencies 1 to 1000 cycles per unit time."""
-    half = dim // 2
-    freqs = torch.exp(np.log(1000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1))
-    angles = 2 * np.pi * t.float()[:, None] * freqs[None]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
-
 class FlowHead(nn.Module):
     """Velocity network of conditional flow matching over a flattened action chunk.
 
@@ -91,7 +85,7 @@ class FlowHead(nn.Module):
 
     def forward(self, cond: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """(B, hidden) conditioning, (B, out) noisy chunk, (B,) times -> (B, out) velocity."""
-        return self.velocity(torch.cat([cond, x, time_embedding(t, self.time_dim).to(x.dtype)], dim=-1))
+        return self.velocity(torch.cat([cond, x, timestep_embedding(t, self.time_dim).to(x.dtype)], dim=-1))
 
     def loss(self, cond: torch.Tensor, target: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(B, out) squared velocity errors for chunks ``target`` (normalised units), one time and noise per row."""
