@@ -192,7 +192,7 @@ class _EncodingBC(torch.nn.Module):
         super().__init__()
         self.config, self.log = config, log
 
-    def forward(self, image, proprio):
+    def forward(self, image, proprio, generator=None):  # BCPolicyModel's signature (a flow head draws from it)
         self.log.append(len(image))
         t, seed = proprio[:, :1], proprio[:, 1:]
         h = torch.arange(self.config.horizon, dtype=torch.float32)
