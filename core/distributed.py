@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import json
 import os
 import time
@@ -182,6 +183,16 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
 
 
 def cleanup() -> None:
-    """Destroy the process group, if one was initialised."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group, if one was initialised.
+
+    Under gloo with several ranks, the ranks first meet at a monitored barrier (60 s): a rank that tears its
+    group down while the other still has a collective in flight leaves that one's gloo threads to die at exit
+    (SIGABRT, "terminate called without an active exception"; seen once in CI on the 2-rank DDP test). A rank
+    that never arrives (it crashed) costs the barrier's timeout, not a hang.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1 and dist.get_backend() == "gloo":
+        with contextlib.suppress(RuntimeError):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+    dist.destroy_process_group()
