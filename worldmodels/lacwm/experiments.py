@@ -211,6 +211,8 @@ def libero_plan(argv: list[str]) -> int:
     p.add_argument("--horizon", type=int, default=2, help="transitions imagined per candidate")
     p.add_argument("--noise", type=float, default=0.3, help="std of the candidates' offset from the proposal")
     p.add_argument("--score-pool", type=int, default=4, dest="score_pool")
+    p.add_argument("--subgoal", type=int, default=0, help="0: the expert's end frame is the goal; k > 0: track the "
+                   "expert's path, the goal k policy steps past the nearest path frame (with --select model)")
     p.add_argument("--suite", required=True)
     p.add_argument("--tasks", default=None)
     p.add_argument("--episodes-per-task", type=int, default=50, dest="episodes_per_task")
@@ -222,13 +224,15 @@ def libero_plan(argv: list[str]) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)
+    if a.subgoal < 0:
+        p.error(f"--subgoal must be >= 0, got {a.subgoal}")
     for path in (a.world_model, *([a.proposal] if a.proposal else [])):
         if not Path(path).exists():
             p.error(f"{path}: no such checkpoint folder")
     factory = functools.partial(libero_planner, world_model=str(a.world_model.resolve()),
                                 proposal=str(Path(a.proposal).resolve()) if a.proposal else None, select=a.select,
                                 num_candidates=a.candidates, horizon=a.horizon, noise=a.noise,
-                                score_pool=a.score_pool, settle_steps=a.settle_steps)
+                                score_pool=a.score_pool, settle_steps=a.settle_steps, subgoal=a.subgoal)
     info = evaluate_libero(factory, a.suite, episodes_per_task=a.episodes_per_task, task_ids=parse_task_ids(a.tasks),
                            workers=a.workers, max_steps=a.max_steps, settle_steps=a.settle_steps, videos=a.videos, out=a.out, seed=a.seed,
                            overwrite=a.overwrite, progress=True)

@@ -195,9 +195,14 @@ class LiberoExpertGoal:
 
     The shadow env (blind, rendering only that frame) is reset as the evaluation resets the real one (the
     same init state id and seed, so the same fixture poses) and gets the same ``settle_steps`` no-ops.
+    With ``keep_path`` it renders every step and keeps the frames as ``path`` ((T + 1, H, W, 3) uint8, the
+    start to the goal) and the hand's state along it as ``path_states`` ((T + 1, 5): ``ee_pos`` and the two
+    finger joints, ``TRACK_DIMS`` of the proprio vector): the sequence ``ProposalPlanner(subgoal=k)`` tracks.
     """
 
-    def __init__(self, env: Any, settle_steps: int = 10, max_steps: int | None = None):
+    TRACK_DIMS = (0, 1, 2, 6, 7)  # proprio: ee_pos (m), gripper finger joints (m)
+
+    def __init__(self, env: Any, settle_steps: int = 10, max_steps: int | None = None, keep_path: bool = False):
         from sim.libero.suites import MAX_EPISODE_STEPS
 
         base = env.unwrapped
@@ -205,6 +210,9 @@ class LiberoExpertGoal:
         self.image_size = base.image_size
         self.settle_steps = int(settle_steps)
         self.max_steps = int(max_steps or MAX_EPISODE_STEPS[self.task.suite])
+        self.keep_path = bool(keep_path)
+        self.path: np.ndarray | None = None
+        self.path_states: np.ndarray | None = None
         self.solved: bool | None = None
         self._shadow = None
 
@@ -223,12 +231,20 @@ class LiberoExpertGoal:
             obs, _, _, _, info = env.step(NOOP_ACTION)
         expert = LiberoSolver(env, noise=0.0)
         expert.reset(seed)
+        dims = list(self.TRACK_DIMS)
+        frames = [env.render()] if self.keep_path else []
+        states = [np.asarray(obs["proprio"])[dims]] if self.keep_path else []
         for _ in range(self.max_steps):
             obs, _, term, trunc, info = env.step(expert.act(obs, info))
+            if self.keep_path:
+                frames.append(env.render())
+                states.append(np.asarray(obs["proprio"])[dims])
             if term or trunc:
                 break
         self.solved = bool(info.get("success"))
-        return env.render()
+        self.path = np.stack(frames) if self.keep_path else None
+        self.path_states = np.stack(states).astype(np.float32) if self.keep_path else None
+        return frames[-1] if self.keep_path else env.render()
 
     def close(self) -> None:
         if self._shadow is not None:
@@ -247,19 +263,35 @@ class ProposalPlanner(CandidateSelectionPlanner):
         proposal: A ``sim.api.Policy`` (``action_chunk(obs, info)`` when it has it, else ``act`` repeated on
             the same observation after a ``reset``), or None.
         goal_fn: ``(init_state_id, seed) -> (H, W, 3) uint8`` goal image (``LiberoExpertGoal``).
+        subgoal: 0 scores candidates against the end goal. ``k > 0`` tracks the expert's path instead
+            (``goal_fn.path`` after each call, ``LiberoExpertGoal(keep_path=True)``): at every decision the
+            current step is matched to the nearest path step in a window of ``2 k`` steps ahead of the last
+            match (progress never goes back), and the goal is the path frame ``k`` steps past it. The match
+            is on the hand's state (``goal_fn.path_states`` against the observation's proprio dims
+            ``goal_fn.TRACK_DIMS``) when both exist, else on pooled pixels: at 64 px the arm is a small part of
+            the frame and pixel matching on a still scene ratchets forward on noise. One end frame rewards
+            moving the arm toward its final pose before the grasp; a subgoal a horizon ahead asks the world
+            model which candidate makes the next part of the task happen.
         Others: as ``CandidateSelectionPlanner``.
     """
 
     def __init__(self, model, embodiment: str, env: Any, goal_fn, proposal: Any = None, num_candidates: int = 16,
                  horizon: int = 2, select: str = "model", noise: float = 0.3, score_pool: int = 4,
-                 fixed_dims: tuple[int, ...] = (6,)):
+                 fixed_dims: tuple[int, ...] = (6,), subgoal: int = 0):
         if select not in ("model", "random", "policy"):
             raise ValueError(f"select must be 'model', 'random' or 'policy', got {select!r}")
         if select == "policy" and proposal is None:
             raise ValueError("select='policy' needs a proposal policy")
+        if int(subgoal) < 0:
+            raise ValueError(f"subgoal must be >= 0 (0: the end goal), got {subgoal}")
         self.proposal = proposal
         self.fixed_dims = tuple(fixed_dims)
         self.env_goal = goal_fn
+        self.subgoal = int(subgoal)
+        self._path: torch.Tensor | None = None
+        self._states: np.ndarray | None = None
+        self._obs: dict[str, Any] | None = None
+        self.progress = 0
         super().__init__(model, embodiment, env, self._goal, num_candidates, horizon,
                          select="random" if select == "policy" else select, noise=noise, expert_fraction=0.0,
                          score_pool=score_pool)
@@ -276,13 +308,49 @@ class ProposalPlanner(CandidateSelectionPlanner):
             self._queue = []
         else:
             super().reset(seed)
+        self.progress, self._path, self._states = 0, None, None
+        if self.subgoal and self.select == "model":
+            path = getattr(self.env_goal, "path", None)
+            if path is None:
+                raise ValueError("subgoal > 0 needs a goal_fn that keeps the expert's path (.path after each call: "
+                                 "LiberoExpertGoal(keep_path=True))")
+            self._path = self.model.codec.to_float(torch.from_numpy(np.ascontiguousarray(path)).permute(0, 3, 1, 2))
+            self._states = getattr(self.env_goal, "path_states", None)
         if self.proposal is not None:
             self.proposal.reset(seed=seed)
+
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.avg_pool2d(x, self.score_pool) if self.score_pool > 1 else x
+
+    def track(self, frame: np.ndarray, proprio: np.ndarray | None = None) -> int:
+        """Advance ``progress`` to the path step nearest the current one (in the window ahead: by hand state
+        when ``proprio`` and the path's states exist, else by ``frame``) and set the goal to the frame
+        ``subgoal`` steps past it; returns the goal's index in the path."""
+        end = self.progress + 2 * self.subgoal + 1
+        if proprio is not None and self._states is not None:
+            here = np.asarray(proprio, np.float32)[list(self.env_goal.TRACK_DIMS)]
+            self.progress += int(np.linalg.norm(self._states[self.progress: end] - here, axis=1).argmin())
+        else:
+            x = self._pool(self.model.codec.to_float(torch.from_numpy(np.ascontiguousarray(frame))
+                                                     .permute(2, 0, 1)[None]))
+            window = self._path[self.progress: end]
+            self.progress += int(((self._pool(window) - x) ** 2).flatten(1).mean(1).argmin())
+        k = min(self.progress + self.subgoal, len(self._path) - 1)
+        self.goal = self._path[k: k + 1]
+        return k
+
+    def scores(self, frame: np.ndarray, cands: np.ndarray) -> np.ndarray:
+        if self._path is not None:
+            self.track(frame, (self._obs or {}).get("proprio"))
+        return super().scores(frame, cands)
 
     def episode_stats(self) -> dict[str, Any]:
         """Kept by ``embodied libero eval`` as the episode's ``policy_stats``: decisions made and whether the
         expert behind the goal image solved the task (a goal it did not reach is no goal)."""
-        return {"decisions": self.decisions, "goal_solved": getattr(self.env_goal, "solved", None)}
+        stats = {"decisions": self.decisions, "goal_solved": getattr(self.env_goal, "solved", None)}
+        if self._path is not None:  # how far along the expert's path the episode got
+            stats.update(path_progress=self.progress, path_length=len(self._path) - 1)
+        return stats
 
     def chunk(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         """(horizon * frame_skip, A) actions the proposal policy would take from ``obs``."""
@@ -307,6 +375,7 @@ class ProposalPlanner(CandidateSelectionPlanner):
         return np.clip(base + offset, self.space.low, self.space.high).astype(np.float32)
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        self._obs = obs  # the hand state subgoal tracking reads
         if not self._queue and self.select == "policy":
             self._queue = list(self.chunk(obs, info)[: self.skip])
             self.decisions += 1
@@ -315,7 +384,7 @@ class ProposalPlanner(CandidateSelectionPlanner):
 
 def libero_planner(env: Any, world_model: str, proposal: str | None = None, select: str = "model",
                    num_candidates: int = 16, horizon: int = 2, noise: float = 0.3, score_pool: int = 4,
-                   settle_steps: int = 10) -> ProposalPlanner:
+                   settle_steps: int = 10, subgoal: int = 0) -> ProposalPlanner:
     """``embodied libero eval`` policy factory (``env -> Policy``, picklable with ``functools.partial``): a
     ``ProposalPlanner`` on a LAC-WM / EAC-WM checkpoint for LIBERO ``env``.
 
@@ -327,6 +396,8 @@ def libero_planner(env: Any, world_model: str, proposal: str | None = None, sele
             the same proposals without the model) or ``"policy"`` (the proposal itself, executed
             ``frame_skip`` actions at a time: the planner's own harness for the policy alone).
         settle_steps: The evaluation's settle steps (the goal's shadow env repeats them).
+        subgoal: 0: score against the expert's end frame; k > 0: track the expert's path, goal k steps ahead
+            (``ProposalPlanner``).
     """
     from core.checkpoint import load_policy
     from core.errors import CheckpointError
@@ -347,8 +418,8 @@ def libero_planner(env: Any, world_model: str, proposal: str | None = None, sele
     if spec is not None and observation["image"] != spec.observation.get("image", observation["image"]):
         raise CheckpointError(f"{world_model}: the world model reads {side} px frames, the proposal policy "
                               f"{spec.observation['image']}")
-    planner = ProposalPlanner(model, emb, env, LiberoExpertGoal(env, settle_steps), proposal=prop,
-                              num_candidates=num_candidates, horizon=horizon, select=select, noise=noise,
-                              score_pool=score_pool)
+    goal = LiberoExpertGoal(env, settle_steps, keep_path=bool(subgoal) and select == "model")
+    planner = ProposalPlanner(model, emb, env, goal, proposal=prop, num_candidates=num_candidates, horizon=horizon,
+                              select=select, noise=noise, score_pool=score_pool, subgoal=subgoal)
     planner.expects = PolicySpec(observation, env.action_space.shape, source=str(world_model))
     return planner

@@ -170,6 +170,66 @@ def test_model_selection_executes_the_best_scored_candidate_and_policy_mode_the_
         _planner("policy", None, [])
 
 
+class _PathGoal:
+    """A goal_fn keeping an expert path: frame i is a flat image of value 20 * i."""
+
+    def __init__(self, length=10):
+        self.path = np.stack([np.full((16, 16, 3), 20 * i, np.uint8) for i in range(length)])
+
+    def __call__(self, init_state_id, seed):
+        return self.path[-1]
+
+
+def test_subgoal_tracks_the_expert_path_forward_only_and_scores_against_the_frame_k_ahead():
+    from tests.worldmodels.lacwm.test_lacwm import TINY
+    from worldmodels.lacwm.adaptation import adapt_model
+    from worldmodels.lacwm.configuration_lacwm import LACWMConfig
+    from worldmodels.lacwm.modeling_lacwm import build_model
+    from worldmodels.lacwm.planning import ProposalPlanner
+
+    torch.manual_seed(0)
+    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 3})), "Panda", 21)
+    goal = _PathGoal(10)
+    planner = ProposalPlanner(model, "Panda", _Env(), goal, proposal=_ChunkPolicy(), num_candidates=5, horizon=2,
+                              select="model", noise=0.1, score_pool=1, subgoal=2)
+    planner.reset(0)
+    frame = lambda v: np.full((16, 16, 3), v, np.uint8)  # noqa: E731
+    as_float = lambda i: model.codec.to_float(torch.from_numpy(goal.path[i]).permute(2, 0, 1)[None])  # noqa: E731
+    assert planner.track(frame(61)) == 5 and planner.progress == 3  # nearest of frames 0-4 is 3 (60); goal 3 + 2
+    torch.testing.assert_close(planner.goal, as_float(5))
+    assert planner.track(frame(0)) == 5 and planner.progress == 3  # looking like the start does not go back
+    assert planner.track(frame(180)) == 9 and planner.progress == 7  # the window is 2k ahead: 3..7, not 9
+    assert planner.track(frame(180)) == 9 and planner.progress == 9  # the goal stays at the path's end
+    planner.act({"image": frame(180)}, {})
+    assert planner.episode_stats() == {"decisions": 1, "goal_solved": None, "path_progress": 9, "path_length": 9}
+    planner.reset(1)
+    assert planner.progress == 0
+    end = ProposalPlanner(model, "Panda", _Env(), lambda k, s: goal.path[-1], proposal=_ChunkPolicy(),
+                          num_candidates=5, horizon=2, select="model", score_pool=1)  # subgoal 0: the end frame
+    end.reset(0)
+    end.scores(frame(61), end.candidates({"image": frame(61)}, {}))
+    torch.testing.assert_close(end.goal, as_float(9))
+    # with the hand's states on the path, they decide (here against what the pixels would say)
+    goal.path_states = np.stack([np.array([0.1 * i, 0, 0, 0.04, 0.04], np.float32) for i in range(10)])
+    goal.TRACK_DIMS = (0, 1, 2, 6, 7)
+    planner.reset(2)
+    proprio = np.zeros(9, np.float32)
+    proprio[[0, 6, 7]] = 0.42, 0.04, 0.04  # nearest state: 4
+    assert planner.track(frame(0), proprio) == 6 and planner.progress == 4
+    planner.act({"image": frame(0), "proprio": proprio}, {})  # act passes its observation's proprio on
+    assert planner.progress == 4
+    proprio[0] = 0.71
+    planner.act({"image": frame(0), "proprio": proprio}, {})
+    planner.act({"image": frame(0), "proprio": proprio}, {})
+    planner.act({"image": frame(0), "proprio": proprio}, {})  # the next decision
+    assert planner.progress == 7
+    with pytest.raises(ValueError, match="keeps the expert's path"):
+        ProposalPlanner(model, "Panda", _Env(), lambda k, s: goal.path[-1], proposal=_ChunkPolicy(),
+                        select="model", subgoal=3).reset(0)
+    with pytest.raises(ValueError, match="subgoal must be >= 0"):
+        ProposalPlanner(model, "Panda", _Env(), goal, proposal=_ChunkPolicy(), subgoal=-1)
+
+
 def test_bc_action_chunk_is_the_whole_prediction_and_leaves_the_queue_alone():
     from worldmodels.bc.configuration_bc import BCConfig
     from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
@@ -213,6 +273,12 @@ def test_libero_planner_runs_in_libero_s_eval_harness_with_a_solved_goal(tmp_pat
     assert rec["steps"] == 6 and rec["failure"] == "timeout"
     assert rec["policy_stats"] == {"decisions": 2, "goal_solved": True}
     assert info["config"]["images"] is True
+    # subgoals: the shadow expert keeps its path (one frame per step, ending at the goal it returns)
+    sub = evaluate_libero(functools.partial(factory, subgoal=3), "libero_spatial", task_ids=[0], episodes_per_task=1,
+                          max_steps=6, videos=0, out=tmp_path / "eval_sub", progress=False)
+    stats = sub["per_episode"][0]["policy_stats"]
+    assert stats["goal_solved"] is True and stats["decisions"] == 2
+    assert 20 < stats["path_length"] <= 220 and 0 <= stats["path_progress"] <= 12  # 2 matches, <= 2k ahead each
 
 
 def test_the_libero_experiment_composes_without_demos_and_asks_for_them():
