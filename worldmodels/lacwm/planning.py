@@ -115,11 +115,11 @@ class CandidateSelectionPlanner:
         x = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].expand(len(cands), -1, -1, -1)
         acts = torch.from_numpy(cands.reshape(len(cands), self.h, -1))
         imagined = self.model.imagine(x, self.encoder(acts))[:, -1]
-        goal = self.goal
-        if self.score_pool > 1:
-            imagined = torch.nn.functional.avg_pool2d(imagined, self.score_pool)
-            goal = torch.nn.functional.avg_pool2d(goal, self.score_pool)
-        return ((imagined - goal) ** 2).flatten(1).mean(1).numpy()
+        return ((self.pool(imagined) - self.pool(self.goal)) ** 2).flatten(1).mean(1).numpy()
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) frames average-pooled by ``score_pool``, as every frame distance here compares them."""
+        return torch.nn.functional.avg_pool2d(x, self.score_pool) if self.score_pool > 1 else x
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
         if not self._queue:
@@ -319,9 +319,6 @@ class ProposalPlanner(CandidateSelectionPlanner):
         if self.proposal is not None:
             self.proposal.reset(seed=seed)
 
-    def _pool(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.avg_pool2d(x, self.score_pool) if self.score_pool > 1 else x
-
     def track(self, frame: np.ndarray, proprio: np.ndarray | None = None) -> int:
         """Advance ``progress`` to the path step nearest the current one (in the window ahead: by hand state
         when ``proprio`` and the path's states exist, else by ``frame``) and set the goal to the frame
@@ -331,10 +328,10 @@ class ProposalPlanner(CandidateSelectionPlanner):
             here = np.asarray(proprio, np.float32)[list(self.env_goal.TRACK_DIMS)]
             self.progress += int(np.linalg.norm(self._states[self.progress: end] - here, axis=1).argmin())
         else:
-            x = self._pool(self.model.codec.to_float(torch.from_numpy(np.ascontiguousarray(frame))
+            x = self.pool(self.model.codec.to_float(torch.from_numpy(np.ascontiguousarray(frame))
                                                      .permute(2, 0, 1)[None]))
             window = self._path[self.progress: end]
-            self.progress += int(((self._pool(window) - x) ** 2).flatten(1).mean(1).argmin())
+            self.progress += int(((self.pool(window) - x) ** 2).flatten(1).mean(1).argmin())
         k = min(self.progress + self.subgoal, len(self._path) - 1)
         self.goal = self._path[k: k + 1]
         return k
