@@ -39,7 +39,9 @@ Policies come in two shapes:
 cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
 A policy that predicts action chunks may also offer ``action_chunk(obs, info) -> (T, A)``: the whole
 chunk it would execute from ``obs`` (no state changed), which planners use as a proposal
-(``worldmodels.lacwm.planning``).
+(``worldmodels.lacwm.planning``), and ``action_chunk_batch(obs, instructions=None) -> (K, T, A)``: the chunks of K
+unrelated observations (K clients of a policy server, ``embodied serve``) in one forward, ``instructions`` giving
+each row's language.
 
 A learned policy declares what it was built for in an ``expects`` attribute, a ``PolicySpec`` (the observation
 keys / shapes it reads and the action shape it returns; its factory fills it from the checkpoint's config).

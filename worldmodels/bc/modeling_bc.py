@@ -356,13 +356,54 @@ class BCPolicy:
             obs = self.obs_adapter(obs)
         return self._clip(self._predict(obs, slice(None))[0])
 
+    @torch.no_grad()
+    def action_chunk_batch(self, obs: dict[str, np.ndarray], instructions: Sequence[str | None] | None = None
+                           ) -> np.ndarray:
+        """(K, horizon, A) float32: the whole chunks for K observations in ONE forward, clipped like ``act``.
+
+        The policy-server hook (``sim.api``): no queue is touched, so the K rows may come from K different
+        clients. ``instructions`` gives row ``i``'s instruction for a language-conditioned model (None or a None
+        row: the instruction the policy was built with); a text the checkpoint was trained on uses its stored
+        embedding, any other is encoded once with the model's text encoder and kept.
+        """
+        obs = {k: np.asarray(v) for k, v in obs.items()}
+        if self.obs_adapter is not None:
+            obs = self.obs_adapter(obs)
+        n = len(np.asarray(obs[self.model.config.image_key]))
+        text = None
+        if self.model.config.language and instructions is not None:
+            rows = [self._embedding(t) for t in instructions]
+            if len(rows) != n:
+                raise ValueError(f"{len(rows)} instructions for {n} observations")
+            text = torch.stack(rows).to(self.device)
+        return self._clip(self._predict(obs, slice(None), text=text))
+
+    def _embedding(self, text: str | None) -> torch.Tensor:
+        """(text_dim,) embedding of one instruction (see ``action_chunk_batch``)."""
+        if text is None or not str(text).strip():
+            if self.text is None:
+                raise ValueError("this BC model is language-conditioned: the request carries no instruction")
+            return self.text[0]
+        cache = self.__dict__.setdefault("_text_cache", {})
+        if text not in cache:
+            i = self.model.task_index(text)
+            if i is not None:
+                cache[text] = torch.as_tensor(self.model.task_embeddings[i], dtype=torch.float32).reshape(-1)
+            else:
+                from worldmodels.bc.task import load_text_encoder
+
+                vec = load_text_encoder(self.model.config.text_encoder).encode([str(text)])[0]
+                cache[text] = torch.as_tensor(vec, dtype=torch.float32).reshape(-1)
+        return cache[text].to(self.device)
+
     def _clip(self, actions: np.ndarray) -> np.ndarray:
         if self.low is not None and self.high is not None:
             actions = np.clip(actions, self.low, self.high)
         return actions.astype(np.float32)
 
-    def _predict(self, obs: dict[str, np.ndarray], rows) -> np.ndarray:
-        """(n, horizon, A) chunks of the rows ``rows`` of a batched observation in the model's keys."""
+    def _predict(self, obs: dict[str, np.ndarray], rows, text: torch.Tensor | None = None) -> np.ndarray:
+        """(n, horizon, A) chunks of the rows ``rows`` of a batched observation in the model's keys (``text``:
+        (n, text_dim) per-row instruction embeddings, else the policy's own instruction)."""
         c = self.model.config
 
         def pixels(key: str) -> torch.Tensor:
@@ -376,7 +417,9 @@ class BCPolicy:
             prop = np.concatenate([np.asarray(obs[k], dtype=np.float32)[rows] for k in c.proprio_keys], -1)
             proprio = torch.as_tensor(prop).to(self.device)
         extra = {"wrist": wrist} if wrist is not None else {}
-        if self.text is not None:
+        if text is not None:
+            extra["text"] = text
+        elif self.text is not None:
             extra["text"] = self.text.expand(len(image), -1)
         return self.model(image, proprio, generator=self._generator, **extra).float().cpu().numpy()
 
