@@ -114,7 +114,16 @@ def _add_drive(sub) -> None:
                                  "in which the policy raises or returns a NaN / wrong-shape action is scored "
                                  "as failed (0) and the run goes on.")
     e.add_argument("--policy", required=True,
-                   help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT")
+                   help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT | "
+                        "ws://HOST:PORT (a policy served over openpi's websocket protocol, e.g. `embodied serve`)")
+    e.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
+                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
+    e.add_argument("--replan-steps", type=_positive_int, default=None, metavar="K", dest="replan_steps",
+                   help="ws:// (or --realtime with a chunk policy): execute K actions of each chunk, then ask again "
+                        "(default: the server's replan_steps, else the whole chunk)")
+    e.add_argument("--realtime", action="store_true",
+                   help="simulated real time: each request's latency costs control periods (0.2 s) in which the car "
+                        "goes on with the current plan, then holds its last action; latency is reported")
     e.add_argument("--scenario", default="highway",
                    help="highway | merge | roundabout | intersection | racetrack | all "
                         "(default: %(default)s)")
@@ -179,6 +188,30 @@ def _add_libero(sub) -> None:
         mod = importlib.import_module(f"sim.libero.{module}")
         getattr(mod, f"configure_{name}_parser")(e, _positive_int, _non_negative_int)
         e.set_defaults(func=lambda args, mod=mod, name=name: getattr(mod, f"{name}_command")(args))
+
+
+_SERVE = (
+    "Serve a policy over openpi's websocket policy protocol (msgpack with numpy arrays, metadata first, "
+    "`actions` chunks back, errors as text frames), so that `--policy ws://HOST:PORT` in libero eval, sim rollout "
+    "and drive eval, openpi-client's WebsocketClientPolicy or openpi's own LIBERO example drive it. One policy state "
+    "per connection (reset on connect and on {\"reset\": true}); requests of concurrent clients are answered by one "
+    "batched forward; GET /healthz answers 200. Binds 127.0.0.1 unless --host says otherwise, and any other address "
+    "needs --api-key-file. SIGTERM or Ctrl-C finishes the requests in flight and exits 0.")
+
+
+def _add_serve(sub) -> None:
+    from embodied.serve import configure_parser
+
+    p = sub.add_parser("serve", help="serve a policy over openpi's websocket protocol (for ws:// clients)",
+                       description=_SERVE)
+    configure_parser(p, _positive_int, _non_negative_int)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args) -> int:
+    from embodied.serve import serve_command
+
+    return serve_command(args)
 
 
 def _add_train_eval(sub) -> None:
@@ -466,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim(sub)
     _add_drive(sub)
     _add_libero(sub)
+    _add_serve(sub)
     _add_train_eval(sub)
     _add_methods(sub)
     _add_models(sub)
