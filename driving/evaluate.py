@@ -51,6 +51,7 @@ Output folder (``--out DIR``, claimed with ``core.outputs.claim_output``: staged
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -159,13 +160,25 @@ def _known_policies() -> list[str]:
     return [*BUILTIN_POLICIES, *(n for n in POLICIES.names() if n not in BUILTIN_POLICIES)]
 
 
-def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None = None) -> tuple[Callable, str]:
+def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None = None, *,
+                   api_key_file: str | None = None, replan_steps: int | None = None,
+                   realtime: bool = False) -> tuple[Callable, str]:
     """A factory ``(env) -> Policy`` and a label for ``--policy`` (see the module docstring).
+
+    ``ws://HOST:PORT`` is a policy served over openpi's protocol (``sim.remote.RemotePolicy``; ``api_key_file``,
+    ``replan_steps`` and ``realtime`` apply to it; ``policy_args`` do not: they belong to the server).
 
     Raises:
         ConfigError: An unknown name (the message lists the known ones).
     """
+    from sim.remote import is_remote, remote_factory
+
     kwargs = dict(policy_args or {})
+    if is_remote(policy):
+        if kwargs:
+            raise ConfigError(f"--policy-arg is for a policy built here; {policy} is served elsewhere (pass them to "
+                              "`embodied serve --policy-arg`)")
+        return remote_factory(str(policy), api_key_file, replan_steps, realtime), str(policy)
     if callable(policy):
         return functools.partial(policy, **kwargs), getattr(policy, "__name__", type(policy).__name__)
     builtin = {"idm": _expert, "constant": _lane_keeping, "random": _random}
@@ -184,6 +197,45 @@ def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None
                           "the checkpoint folder as --policy")
     raise ConfigError(f"--policy {policy!r}: unknown policy (known: {', '.join(_known_policies())}, "
                       "or a checkpoint path)")
+
+
+def _reason(e: BaseException) -> str:
+    """``"server: <one line>"`` for a lost policy server, else ``"policy raised <one line>"``."""
+    from core.serving import ConnectionLost
+
+    if isinstance(e, ConnectionLost):
+        import sys
+
+        print(f"drive eval: server: {one_line(e)}; the episode fails and the next one reconnects", file=sys.stderr)
+        return f"server: {one_line(e)}"
+    return f"policy raised {one_line(e)}"
+
+
+def latency_summary(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-step policy time over episodes (``episode_stats`` of ``sim.remote``'s probes), or {} without any.
+
+    ``latency_ms_mean`` weighs every request alike, ``latency_ms_p50`` is the median of the episodes' medians,
+    ``latency_ms_p99`` the 99th percentile of their 99th percentiles, ``held_steps`` the steps (real time) that held
+    the last action while a request was in flight.
+    """
+    rows = [r for r in stats if r.get("requests") and "latency_ms_p50" in r]
+    if not rows:
+        return {}
+    n = sum(int(r["requests"]) for r in rows)
+    return {"requests": n,
+            "latency_ms_mean": float(sum(r["latency_ms_mean"] * r["requests"] for r in rows) / n),
+            "latency_ms_p50": float(np.median([r["latency_ms_p50"] for r in rows])),
+            "latency_ms_p99": float(np.percentile([r["latency_ms_p99"] for r in rows], 99)),
+            "held_steps": int(sum(int(r.get("held_steps", 0)) for r in rows))}
+
+
+def _probed(env, factory: Callable) -> Any:
+    """``factory(env)``, a per-env policy wrapped in ``sim.remote.LatencyProbe`` (its per-step time is reported)."""
+    from sim.api import is_batched
+    from sim.remote import LatencyProbe, RemotePolicy
+
+    inner = factory(env)
+    return inner if is_batched(inner) or isinstance(inner, RemotePolicy) else LatencyProbe(inner)
 
 
 def one_line(e: BaseException) -> str:
@@ -226,12 +278,16 @@ class PolicyGuard:
         return self._nan()
 
     def reset(self, seed: int | None = None) -> None:
+        from core.serving import ServerUnavailable
+
         self.current = EpisodeRecord(seed)
         self.records[seed] = self.current
         try:
             self.inner.reset(seed=seed)
+        except ServerUnavailable:
+            raise  # a served policy's server did not come back: the run stops in one line
         except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
-            self.current.failure = f"reset: policy raised {one_line(e)}"
+            self.current.failure = f"reset: {_reason(e)}"
 
     def check_action(self, action: Any) -> np.ndarray:
         """The action as float32 of ``action_shape``, or the NaN action after recording why it is invalid."""
@@ -265,7 +321,7 @@ class PolicyGuard:
         try:
             action = self.inner.act(obs, info)
         except Exception as e:  # noqa: BLE001
-            return self._fail(f"policy raised {one_line(e)}")
+            return self._fail(_reason(e))
         a = self.check_action(action)
         self._record_overlay()
         self.current.steps += 1
@@ -347,6 +403,7 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
     rows: list[dict[str, Any]] = []
     metrics = []
     clips: list[dict[str, Any]] = []
+    latencies: list[dict[str, Any]] = []
 
     def on_episode(ep) -> None:
         rec.add(ep)
@@ -357,6 +414,12 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
         m = tracker.result(failure=record.failure if record is not None else None)
         metrics.append(m)
         row = {"scenario": scenario, "episode": ep.index, "seed": ep.seed, **m.to_dict()}
+        probe = getattr(guards[0].inner, "episode_stats", None) if guards else None
+        if callable(probe):
+            with contextlib.suppress(Exception):  # diagnostics never fail an episode
+                stats = probe()
+                latencies.append(stats)
+                row.update({k: stats[k] for k in ("latency_ms_p50", "latency_ms_p99", "held_steps") if k in stats})
         rows.append(row)
         if ep.index < videos and "image" in ep.obs:
             from core.data.video import write_mp4
@@ -373,7 +436,7 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
     rows.sort(key=lambda r: r["episode"])
     clips.sort(key=lambda c: c["episode"])
     result = {"scenario": scenario, "env_id": env_id, "aggregate": aggregate(metrics), "episodes": rows,
-              "videos": clips}
+              "videos": clips, "latency": latency_summary(latencies), "latency_stats": latencies}
     write_text(out / "episodes.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     write_json(out / "metrics.json", result)
     return result
@@ -382,7 +445,8 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
 def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "highway", episodes: int = 5,
                     out: str | Path = "outputs/drive", seed: int = 0, video: bool = True, videos: int = 2,
                     policy_args: Mapping[str, Any] | None = None, env_kwargs: Mapping[str, Any] | None = None,
-                    progress: bool = True) -> dict[str, Any]:
+                    progress: bool = True, api_key_file: str | None = None, replan_steps: int | None = None,
+                    realtime: bool = False) -> dict[str, Any]:
     """Run and score ``episodes`` episodes of each scenario into ``out`` (layout in the module docstring).
 
     Args:
@@ -394,6 +458,9 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
         video: Record videos at all; ``videos``: how many (the first K episodes of each scenario).
         policy_args: Keyword arguments of the policy factory.
         env_kwargs: Extra ``gym.make`` keyword arguments (e.g. ``{"horizon_s": 5.0}``).
+        api_key_file, replan_steps: For a served policy (``ws://HOST:PORT``, ``sim.remote``).
+        realtime: Simulated real time (``sim.remote``): each request's latency costs control periods (0.2 s)
+            in which the car goes on with the current plan, then holds its last action.
 
     Returns:
         ``{"policy", "policy_args", "seed", "n_episodes" (per scenario), "env_id" (or "all"), "scenarios":
@@ -410,12 +477,20 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     names = scenario_list(scenario)
     sim.register_envs()
     policy_args = dict(policy_args or {})
-    factory, label = resolve_policy(policy, policy_args)
+    factory, label = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
+                                    realtime=realtime)
+    from sim.remote import is_remote, realtime_factory
+
+    if realtime and not is_remote(policy):
+        factory = realtime_factory(factory, replan_steps)
+    elif not is_remote(policy):
+        factory = functools.partial(_probed, factory=factory)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_videos = videos if video else 0
     write_json(out / "config.json", {"policy": label, "policy_args": policy_args, "scenarios": names,
-                                     "episodes": episodes, "seed": seed, "videos": n_videos,
+                                     "episodes": episodes, "seed": seed, "videos": n_videos, "realtime": realtime,
+                                     "replan_steps": replan_steps,
                                      "env_kwargs": dict(env_kwargs or {})})
     results = {}
     for name in names:
@@ -428,12 +503,14 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     overall = aggregate(EpisodeMetrics(**{k: v for k, v in r.items() if k in fields}) for r in all_rows)
     report = {"policy": label, "policy_args": policy_args, "seed": seed, "n_episodes": episodes,
               "env_id": results[names[0]]["env_id"] if len(names) == 1 else "all",
-              "scenarios": results, "aggregate": overall, "episodes": all_rows}
+              "scenarios": results, "aggregate": overall, "episodes": all_rows, "realtime": realtime,
+              "latency": latency_summary([s for r in results.values() for s in r["latency_stats"]])}
     write_json(out / "summary.json", {
         "policy": label, "policy_args": policy_args, "seed": seed, "episodes": episodes,
-        "scenarios": {n: {"env_id": r["env_id"], "aggregate": r["aggregate"],
+        "scenarios": {n: {"env_id": r["env_id"], "aggregate": r["aggregate"], "latency": r["latency"],
                           "videos": [c["path"] for c in r["videos"]]} for n, r in results.items()},
-        "overall": overall,
+        "overall": overall, "realtime": realtime,
+        "latency": latency_summary([s for r in results.values() for s in r["latency_stats"]]),
     })
     from driving.report import write_reports
 
@@ -450,16 +527,23 @@ def drive_eval(args) -> int:
 
     policy_args = parse_policy_args(getattr(args, "policy_arg", None))
     names = scenario_list(args.scenario)  # bad input fails before the folder is claimed
-    resolve_policy(args.policy, policy_args)
+    remote = dict(api_key_file=getattr(args, "api_key_file", None), replan_steps=getattr(args, "replan_steps", None),
+                  realtime=bool(getattr(args, "realtime", False)))
+    resolve_policy(args.policy, policy_args, **remote)
     env_kwargs = {"horizon_s": args.horizon_s} if getattr(args, "horizon_s", None) else None
     with claim_output(args.out, command="drive eval", overwrite=getattr(args, "overwrite", False)) as out:
         report = evaluate_policy(args.policy, names if len(names) > 1 else names[0], args.episodes, out,
                                  seed=args.seed, video=not args.no_video, videos=args.videos,
-                                 policy_args=policy_args, env_kwargs=env_kwargs)
+                                 policy_args=policy_args, env_kwargs=env_kwargs, **remote)
     from driving.report import stdout_table
 
     print(f"policy {report['policy']}, seeds {args.seed}..{args.seed + args.episodes - 1} "
           f"(DS, SR, rates in %; summary.json holds them as fractions)")
     print(stdout_table(report))
+    for name, res in report["scenarios"].items():
+        lat = res.get("latency") or {}
+        if lat:
+            print(f"{name}: policy latency p50 {lat['latency_ms_p50']:.1f} ms, p99 {lat['latency_ms_p99']:.1f} ms "
+                  f"over {lat['requests']} requests{', held steps ' + str(lat['held_steps']) if report.get('realtime') else ''}")
     print(f"-> {args.out}/index.html, {args.out}/summary.json")
     return 0

@@ -29,7 +29,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         description="Roll out a policy over gymnasium vector envs and record the episodes.",
     )
     p.add_argument("env_id", metavar="ENV_ID", help="e.g. embodied/Lift-Panda-v0 (see `embodied sim list`)")
-    p.add_argument("--policy", default="scripted", help="scripted | random | path to a checkpoint")
+    p.add_argument("--policy", default="scripted",
+                   help="scripted | random | path to a checkpoint | ws://HOST:PORT (a policy served over openpi's "
+                        "websocket protocol, e.g. by `embodied serve`)")
+    p.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
+                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
+    p.add_argument("--replan-steps", type=int, default=None, metavar="K", dest="replan_steps",
+                   help="ws://: execute K actions of each returned chunk (default: the server's replan_steps)")
+    p.add_argument("--realtime", action="store_true",
+                   help="simulated real time: each request's latency costs the env's control periods")
     p.add_argument("--episodes", type=int, default=10, help="number of episodes")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--num-envs", type=int, default=1, help="sub-environments stepped together")
@@ -156,6 +164,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     # a learned policy runs a model in the process that renders: torch + triton first (core.bootstrap)
     prepare_process(learning_stack=args.policy not in ("scripted", "random"))
+    if args.replan_steps is not None and args.replan_steps < 1:
+        raise ConfigError(f"--replan-steps: must be >= 1, got {args.replan_steps}")
     env_kwargs = {}
     if args.image_size is not None:
         if args.image_size < 0:
@@ -180,6 +190,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         noise=args.noise,
         vectorization=args.vectorization,
         env_kwargs=env_kwargs,
+        api_key_file=args.api_key_file,
+        replan_steps=args.replan_steps,
+        realtime=args.realtime,
         progress=True,  # episodes and steps on stderr (core.logging.progress: redrawn sparsely in a log)
     )
     from core.outputs import claim_output

@@ -67,6 +67,9 @@ class RolloutConfig:
         env_kwargs: Extra keyword arguments for ``gym.make`` (e.g. ``{"image_size": 128}``).
         max_episode_steps: Optional cap on steps per episode (counted as truncation).
         progress: Show a tqdm bar over episodes.
+        api_key_file: For ``policy="ws://HOST:PORT"`` (a served policy, ``sim.remote``): the API key's file.
+        replan_steps: A served policy: actions of each chunk executed before the next request (None: the server's).
+        realtime: Simulated real time (``sim.remote``): request latency costs control periods.
     """
 
     env_id: str
@@ -79,6 +82,9 @@ class RolloutConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_episode_steps: int | None = None
     progress: bool = True
+    api_key_file: str | None = None
+    replan_steps: int | None = None
+    realtime: bool = False
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or self.episodes < 1:
@@ -169,15 +175,24 @@ def checkpoint_policy(env: gym.Env, path: str) -> Policy:
     return load_policy(path, env)
 
 
-def policy_factory(policy: str, noise: float = 0.05) -> PolicyFactory:
-    """Picklable factory for a policy name (``scripted`` / ``random``) or a checkpoint path."""
+def policy_factory(policy: str, noise: float = 0.05, *, api_key_file: str | None = None,
+                   replan_steps: int | None = None, realtime: bool = False) -> PolicyFactory:
+    """Picklable factory for a policy name (``scripted`` / ``random``), a checkpoint path or a ``ws://`` URL (a
+    policy served over openpi's protocol, ``sim.remote``); ``realtime`` puts any of them on the simulated clock."""
+    from sim.remote import is_remote, realtime_factory, remote_factory
+
+    if is_remote(policy):
+        return remote_factory(policy, api_key_file, replan_steps, realtime)
     if policy == "scripted":
-        return functools.partial(scripted_policy, noise=noise)
-    if policy == "random":
-        return random_policy
-    if not Path(policy).exists():
-        raise ConfigError(f"policy: {policy!r} is neither 'scripted', 'random' nor an existing checkpoint path")
-    return functools.partial(checkpoint_policy, path=str(policy))
+        factory: PolicyFactory = functools.partial(scripted_policy, noise=noise)
+    elif policy == "random":
+        factory = random_policy
+    elif not Path(policy).exists():
+        raise ConfigError(f"policy: {policy!r} is neither 'scripted', 'random', an existing checkpoint path nor a "
+                          "ws://HOST:PORT policy server")
+    else:
+        factory = functools.partial(checkpoint_policy, path=str(policy))
+    return realtime_factory(factory, replan_steps) if realtime else factory
 
 
 class PolicyHost(gym.Wrapper):
@@ -493,7 +508,8 @@ def rollout(
     """
     from core.logging import progress
 
-    factory = policy or policy_factory(config.policy, config.noise)
+    factory = policy or policy_factory(config.policy, config.noise, api_key_file=config.api_key_file,
+                                       replan_steps=config.replan_steps, realtime=config.realtime)
     envs = make_vector_env(config.env_id, config.num_envs, config.vectorization, config.env_kwargs)
     n, k = config.episodes, config.num_envs
     episodes: list[Episode] = []

@@ -19,6 +19,9 @@ Policies (``policy``):
     ``scripted``  the env's reach-and-grasp script (``env.make_expert()``, ``sim.libero.expert``);
     ``random``    uniform random actions (``sim.api.RandomPolicy``);
     CKPT          a checkpoint path (``core.checkpoint.load_policy``, as ``sim.rollout`` loads it);
+    ws://HOST:PORT  a policy served over openpi's websocket protocol (``sim.remote.RemotePolicy``: openpi's
+                  LIBERO observation, ``replan_steps`` actions of each chunk); a server lost mid-episode makes the
+                  episode run again once it is back (``MAX_SERVER_ATTEMPTS``), never a scored failure;
     a callable    ``factory(env: LiberoEnv) -> sim.api.Policy | BatchedPolicy`` (picklable for ``workers > 1``).
     The three named ones read only sim state, so their envs run with ``images=False`` (proprio only, no
     per-step rendering: ~15x faster on a CPU); checkpoints and callables get images (``images=`` overrides):
@@ -81,6 +84,7 @@ from core.errors import ConfigError, DataError, EmbodiedError
 from core.io import write_json, write_text
 from sim.api import INFO_FAILURE, INFO_SUCCESS, is_batched, policy_expects
 from sim.libero.suites import MAX_EPISODE_STEPS, SUITES, LiberoTask, list_tasks, normalize_suite
+from sim.remote import is_remote, realtime_factory, remote_factory
 
 COMMAND = "libero eval"
 EPISODES_FILE = "episodes.jsonl"
@@ -95,6 +99,7 @@ STATE_POLICIES = ("expert", "scripted", "random")
 DEFAULT_IMAGE_SIZE = 128
 VIDEO_FPS = 20  # LIBERO's control rate
 MAX_PAGE_ERRORS = 200  # rows of the page's table of episodes that failed by an error
+MAX_SERVER_ATTEMPTS = 3  # runs of one episode that a lost server may interrupt before the evaluation stops
 
 
 class PolicyBuildError(EmbodiedError):
@@ -144,10 +149,13 @@ def expert_policy(env: Any) -> Any:
     return LiberoSolver(env, noise=0.0)
 
 
-def resolve_policy(policy: str | Callable[..., Any]) -> tuple[Callable[..., Any], str, str]:
-    """``(factory(env) -> Policy, label, kind)`` for a policy name, checkpoint path or factory.
+def resolve_policy(policy: str | Callable[..., Any], api_key_file: str | None = None, replan_steps: int | None = None,
+                   realtime: bool = False) -> tuple[Callable[..., Any], str, str]:
+    """``(factory(env) -> Policy, label, kind)`` for a policy name, checkpoint path, ``ws://`` URL or factory.
 
-    ``kind`` is ``"state"`` (expert / scripted / random: sim state only), ``"checkpoint"`` or ``"callable"``.
+    ``kind`` is ``"state"`` (expert / scripted / random: sim state only), ``"checkpoint"``, ``"remote"`` (a served
+    policy, ``sim.remote.RemotePolicy``: ``api_key_file``, ``replan_steps`` and ``realtime`` apply to it) or
+    ``"callable"``.
 
     Raises:
         ConfigError: An unknown name / missing path, or ``expert`` while ``sim.libero.solver`` is absent.
@@ -155,6 +163,8 @@ def resolve_policy(policy: str | Callable[..., Any]) -> tuple[Callable[..., Any]
     """
     from sim.rollout import checkpoint_policy, random_policy, scripted_policy
 
+    if is_remote(policy):
+        return remote_factory(policy, api_key_file, replan_steps, realtime), policy, "remote"
     if callable(policy):
         return policy, _callable_label(policy), "callable"
     if policy == "expert":
@@ -306,7 +316,29 @@ class _TaskRunner:
             env.close()
 
     def run(self, init_state_id: int) -> dict[str, Any]:
-        """Run one episode from init state ``init_state_id``; returns its record (see the module docstring)."""
+        """Run one episode from init state ``init_state_id``; returns its record (see the module docstring).
+
+        A served policy whose server is lost mid-episode: the episode's partial run is dropped with one line on
+        stderr, the policy reconnects (back-off, ``sim.remote.SERVER_WAIT_S``) and the episode runs again, so no
+        episode is counted for an outage nor counted twice. A server that does not come back stops the evaluation
+        (``ServerUnavailable``, one line); rerunning the command resumes it.
+        """
+        for attempt in range(1, MAX_SERVER_ATTEMPTS + 1):
+            record = self._run_once(init_state_id)
+            if failure_kind(record.get("failure")) != "server":
+                return record
+            import sys
+
+            print(f"libero eval: {self.task.task_id} init {init_state_id}: {record['failure']}; retrying when the "
+                  f"server is back (attempt {attempt} of {MAX_SERVER_ATTEMPTS})", file=sys.stderr, flush=True)
+            self.policy.reconnect()
+        from core.serving import ServerUnavailable
+
+        raise ServerUnavailable(f"{self.settings.label}: lost {MAX_SERVER_ATTEMPTS} times in one episode "
+                                f"({self.task.task_id} init {init_state_id}); finished episodes are kept: rerun the "
+                                "same command to resume")
+
+    def _run_once(self, init_state_id: int) -> dict[str, Any]:
         s, task, env = self.settings, self.task, self.env
         k = int(init_state_id)
         seed = s.seed + k
@@ -334,14 +366,23 @@ class _TaskRunner:
             if failure is not None or info.get(INFO_SUCCESS):
                 success = failure is None
                 break
+        from core.serving import ConnectionLost, ServerUnavailable
+
         if failure is None and not success:
             try:
                 self.policy.reset(seed=seed)
+            except ServerUnavailable:
+                raise  # the server is gone for good: stop (resumable), not an episode's failure
+            except ConnectionLost as e:
+                failure = f"server: {one_line(e)}"
             except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
                 failure = f"policy: reset raised {one_line(e)}"
         while failure is None and not success and steps < limit:
             try:
                 action = self.policy.act(obs, info)
+            except ConnectionLost as e:
+                failure = f"server: {one_line(e)}"
+                break
             except Exception as e:  # noqa: BLE001
                 failure = f"policy: act raised {one_line(e)}"
                 break
@@ -500,7 +541,12 @@ def _worker_main(conn: Any, settings: _Settings) -> None:
                 except BaseException as e:  # noqa: BLE001 - reported to the main process, which stops
                     conn.send(("fatal", str(e) if isinstance(e, EmbodiedError) else one_line(e)))
                     return
-            conn.send(("done", runner.run(k)))
+            try:
+                record = runner.run(k)
+            except EmbodiedError as e:  # a served policy's server gone for good: the main process stops
+                conn.send(("fatal", str(e)))
+                return
+            conn.send(("done", record))
     except (BrokenPipeError, EOFError, OSError):
         return
     finally:
@@ -748,6 +794,25 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"per_task": per_task, "per_group": per_group, "overall": overall}
 
 
+def latency_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Request latency over the episodes whose policy reports it (served or ``--realtime`` policies), else {}.
+
+    ``latency_ms_mean`` weighs every request alike; ``latency_ms_p50`` is the median of the episodes' medians and
+    ``latency_ms_p99`` the 99th percentile of their 99th percentiles; ``held_steps`` counts the steps that held the
+    last action while a request was in flight (real time).
+    """
+    rows = [r["policy_stats"] for r in records if isinstance(r.get("policy_stats"), Mapping)
+            and r["policy_stats"].get("requests") and "latency_ms_p50" in r["policy_stats"]]
+    if not rows:
+        return {}
+    n = sum(int(r["requests"]) for r in rows)
+    return {"requests": n,
+            "latency_ms_mean": float(sum(r["latency_ms_mean"] * r["requests"] for r in rows) / n),
+            "latency_ms_p50": float(np.median([r["latency_ms_p50"] for r in rows])),
+            "latency_ms_p99": float(np.percentile([r["latency_ms_p99"] for r in rows], 99)),
+            "held_steps": int(sum(int(r.get("held_steps", 0)) for r in rows))}
+
+
 # ------------------------------------------------------------------------------------------- reports
 def stdout_table(info: Mapping[str, Any], tasks: bool | None = None) -> str:
     """The per-suite table (and the per-task one when ``tasks``, default: at most 10 tasks), success in %."""
@@ -770,6 +835,11 @@ def stdout_table(info: Mapping[str, Any], tasks: bool | None = None) -> str:
     if len(info["per_group"]) > 1:
         rows.append(row("overall", info["overall"], str(info["overall"]["n_tasks"])))
     lines += fmt(["SUITE", "TASKS", "EPISODES", "SUCCESSES", "SUCCESS %", "95% CI (%)", "FAILURES"], rows)
+    lat = info["overall"].get("latency")
+    if lat:
+        lines.append(f"requests {lat['requests']}: latency p50 {lat['latency_ms_p50']:.1f} ms, p99 "
+                     f"{lat['latency_ms_p99']:.1f} ms, mean {lat['latency_ms_mean']:.1f} ms; held steps "
+                     f"{lat['held_steps']}")
     return "\n".join(lines)
 
 
@@ -839,6 +909,9 @@ def evaluate_libero(
     overwrite: bool = False,
     progress: bool = True,
     images: bool | None = None,
+    api_key_file: str | None = None,
+    replan_steps: int | None = None,
+    realtime: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on LIBERO suites with the protocol of the module docstring; returns the eval_info.
 
@@ -856,6 +929,11 @@ def evaluate_libero(
         overwrite: Start afresh in a folder that holds another (or the same) evaluation.
         progress: Show a progress bar on stderr.
         images: Camera images in the observation (None: off for expert / scripted / random, else on).
+        api_key_file: A served policy's (``ws://``) API key, read from this file.
+        replan_steps: A served policy: actions of each returned chunk executed before the next request (None: the
+            server's ``replan_steps``). With ``realtime``: the same for an in-process chunk policy.
+        realtime: Simulated real time (``sim.remote``): each request's latency costs control periods during which
+            the simulator goes on with the current chunk, then holds its last action.
 
     Returns:
         The ``eval_info.json`` content: ``per_task``, ``per_group``, ``overall`` (``aggregate``), ``per_episode``
@@ -873,10 +951,14 @@ def evaluate_libero(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"--seed: must be an integer, got {seed!r}")
     plan = select_episodes(suites, task_ids, episodes_per_task)
-    factory, label, kind = resolve_policy(policy)
+    factory, label, kind = resolve_policy(policy, api_key_file, replan_steps, realtime)
+    if realtime and kind != "remote":
+        factory = realtime_factory(factory, replan_steps)
     env = EnvSettings(images=(kind != "state") if images is None else bool(images))
     signature = {"policy": label, "max_steps": max_steps, "settle_steps": settle_steps, "seed": seed,
                  "images": env.images}
+    if realtime or replan_steps is not None:  # absent from older folders' signatures, which stay resumable
+        signature.update(realtime=bool(realtime), replan_steps=replan_steps)
     step_limits = {t.suite: (max_steps or MAX_EPISODE_STEPS[t.suite]) for t, _ in plan}
     config = {**signature, "step_limits": step_limits, "suites": list(step_limits),
               "task_ids": None if task_ids is None else [int(i) for i in task_ids],
@@ -943,6 +1025,9 @@ def _evaluate_in(out: Path, plan: list[tuple[LiberoTask, list[int]]], settings: 
         per_episode = sorted(records.values(), key=lambda r: (SUITES.index(r["suite"]) if r["suite"] in SUITES
                                                               else len(SUITES), r["task_index"], r["init_state_id"]))
         info = aggregate(per_episode)
+        latency = latency_summary(per_episode)
+        if latency:
+            info["overall"]["latency"] = latency
         eval_s = time.perf_counter() - t0
         info["overall"].update(eval_s=eval_s, eval_ep_s=float(np.mean([r["seconds"] for r in per_episode]))
                                if per_episode else float("nan"), episodes_this_run=n_todo,
@@ -961,7 +1046,17 @@ def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negati
                    help=f"{' | '.join(SUITES)} | all (the short names spatial, object, goal, 10, 90 work too)")
     p.add_argument("--tasks", default=None, metavar="IDS",
                    help="task indices in every chosen suite, e.g. 0,3 or 0-4 (default: all)")
-    p.add_argument("--policy", required=True, help="expert | scripted | random | CHECKPOINT")
+    p.add_argument("--policy", required=True,
+                   help="expert | scripted | random | CHECKPOINT | ws://HOST:PORT (a policy served over openpi's "
+                        "protocol: `embodied serve`, openpi's serve_policy.py, ...)")
+    p.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
+                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
+    p.add_argument("--replan-steps", type=positive_int, default=None, metavar="K", dest="replan_steps",
+                   help="execute K actions of each returned chunk, then ask again (default: the server's "
+                        "replan_steps, else the whole chunk; openpi's LIBERO example uses 5)")
+    p.add_argument("--realtime", action="store_true",
+                   help="simulated real time: each request's latency costs control periods (0.05 s) in which the "
+                        "simulator goes on with the current chunk, then holds its last action")
     p.add_argument("--episodes-per-task", type=positive_int, default=50, dest="episodes_per_task",
                    help="episode k starts from LIBERO's init state k; at most 50 (default: %(default)s, all)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="K",
@@ -984,10 +1079,13 @@ def eval_command(args: Any) -> int:
 
     state = args.policy in STATE_POLICIES
     prepare_process(learning_stack=not state)  # a learned policy renders and runs a model: torch + triton first
+    if (args.api_key_file is not None) and not is_remote(args.policy):
+        raise ConfigError("--api-key-file is for a served policy (--policy ws://HOST:PORT)")
     info = evaluate_libero(args.policy, args.suite, episodes_per_task=args.episodes_per_task,
                            task_ids=parse_task_ids(args.tasks), workers=args.workers, max_steps=args.max_steps,
                            settle_steps=args.settle_steps, videos=args.videos, out=args.out, seed=args.seed,
-                           overwrite=args.overwrite, progress=True)
+                           overwrite=args.overwrite, progress=True, api_key_file=args.api_key_file,
+                           replan_steps=args.replan_steps, realtime=args.realtime)
     print(stdout_table(info))
     out = Path(args.out)
     print(f"-> {out / INFO_FILE}, {out / PAGE_FILE}")
