@@ -205,7 +205,8 @@ class PolicyClient:
         headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None
         try:
             ws = connect(self.url, compression=None, max_size=self.max_message_bytes, additional_headers=headers,
-                         open_timeout=timeout, proxy=None if is_loopback(self._host) else True)
+                         open_timeout=timeout, proxy=None if is_loopback(self._host) else True,
+                         legacy=True)  # a long-lived connection we close ourselves (websockets >= 17.1)
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status in (401, 403):
