@@ -12,6 +12,10 @@ Folder layout (LeRobot ``codebase_version`` "v3.0", as ``lerobot.datasets.LeRobo
                                     dataset_to_index (global frame rows), data/chunk_index / file_index,
                                     videos/<key>/chunk_index / file_index / from_timestamp / to_timestamp (s),
                                     stats/<feature>/<stat>
+    meta/info.json ``image_convention``
+                                    (ours; LeRobot's reader ignores it) the convention of the image / video
+                                    frames (``core.data.image_convention``): ``"rot180"`` for LIBERO data, as
+                                    openpi's and LeRobot's own LIBERO datasets; absent when the sources state none
     meta/embodied.json              (ours; LeRobot ignores it) env_meta and per-episode attributes of the
                                     source HDF5 files (embodiment, success, ...), which obs keys make
                                     ``observation.state``
@@ -22,8 +26,9 @@ Folder layout (LeRobot ``codebase_version`` "v3.0", as ``lerobot.datasets.LeRobo
 
 Export (``export_lerobot``) maps an HDF5 episode (``core.data.trajectories``) to features:
 
-    ``obs/<key>`` image (T, H, W, 3) uint8   -> ``observation.images.<key>`` (video; frames upright, also from
-                                               LIBERO's bottom-up files)
+    ``obs/<key>`` image (T, H, W, 3) uint8   -> ``observation.images.<key>`` (video; frames as the loader returns
+                                               them: LIBERO's in ``rot180``, others upright; a source in another
+                                               known convention is converted to the first source's)
     ``obs/<key>`` low-dim (T, D) / (T,)      -> ``observation.<key>`` float32 (D,) / (1,)
     ``state_keys`` (default: ``proprio`` if the episode has it, else every low-dim key in sorted order)
                                              -> ``observation.state`` float32, those keys concatenated
@@ -40,7 +45,10 @@ Import (``LeRobotFile``) exposes a folder with the interface ``TrajectoryDataset
 episode ``demo_<i>`` is ``episode_index`` i; ``observation.images.<key>`` / ``observation.<key>`` come back as obs
 key ``<key>`` (``observation.state`` as ``state``, except in our exports, where it repeats other keys); video frames
 are decoded per episode (seek to ``from_timestamp``, decode up to ``to_timestamp``, frames matched by their
-timestamps) and kept in a small LRU, so consecutive windows of an episode decode it once.
+timestamps) and kept in a small LRU, so consecutive windows of an episode decode it once. Frames come back in
+``image_convention``: the one ``info.json`` states; an export of ours from before conventions were stated (a
+``meta/embodied.json``, no ``image_convention``) holds LIBERO frames in the old ``"flipud"``, which are turned to
+``"rot180"``; a dataset written by LeRobot itself is read as it is (convention None).
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import DataError
+from core.data.image_convention import LIBERO_CONVENTION, check, convert, flips
+from core.errors import ConfigError, DataError
 from core.io import atomic_dir, write_json
 
 __all__ = ["LeRobotFile", "export_lerobot", "is_lerobot_folder", "check_not_input"]
@@ -280,7 +289,7 @@ def export_lerobot(
                         dones[-1] = True
                     attrs = f.attrs(name)
                     w.add(p, name, obs, f.read(name, "actions"), rewards, dones, attrs,
-                          _episode_text(attrs, li, env_meta), fi)
+                          _episode_text(attrs, li, env_meta), fi, f.image_convention)
                     done += 1
                     if progress is not None:
                         progress(done)
@@ -320,6 +329,8 @@ class _Writer:
         self.videos: dict[str, _VideoFile] = {}
         self.video_info: dict[str, dict] = {}
         self.embodiments: list[str] = []
+        self.image_convention: str | None = None  # of the frames written (the first source's)
+        self._convention_from: Path | None = None  # the source that set it
 
     # -- features
     def _setup(self, src: Path, name: str, obs: dict[str, tuple[np.ndarray, bool]], A: int) -> None:
@@ -382,8 +393,29 @@ class _Writer:
         pq.write_table(pa.table(cols), path, compression="snappy")
         self.rows = {}
 
+    def _orient(self, src: Path, obs: dict[str, tuple[np.ndarray, bool]],
+                convention: str | None) -> dict[str, tuple[np.ndarray, bool]]:
+        """``obs`` with its images in the dataset's convention (the first source's), converted if need be.
+
+        Raises:
+            DataError: A source whose convention is unknown where the dataset's is known, or the reverse.
+        """
+        if not any(img for _, img in obs.values()):
+            return obs
+        if self._convention_from is None:
+            self.image_convention, self._convention_from = convention, src
+            return obs
+        if convention == self.image_convention:
+            return obs
+        if convention is None or self.image_convention is None:
+            raise DataError(src, f"images in convention {convention!r}, but {self._convention_from} has "
+                                 f"{self.image_convention!r} (a dataset has one; export them separately)")
+        return {k: (convert(a, convention, self.image_convention) if img else a, img) for k, (a, img) in obs.items()}
+
     def add(self, src: Path, name: str, obs: dict[str, tuple[np.ndarray, bool]], actions: np.ndarray,
-            rewards: np.ndarray, dones: np.ndarray, attrs: dict[str, Any], task: str, source: int) -> None:
+            rewards: np.ndarray, dones: np.ndarray, attrs: dict[str, Any], task: str, source: int,
+            image_convention: str | None = None) -> None:
+        obs = self._orient(src, obs, image_convention)
         actions = np.asarray(actions, dtype=np.float32).reshape(len(actions), -1)
         T, A = actions.shape
         if self.layout is None:
@@ -483,6 +515,8 @@ class _Writer:
             "video_path": VIDEO_PATH if self.video_info else None,
             "features": feats,
         }
+        if self.image_convention is not None and self.video_info:
+            info["image_convention"] = self.image_convention  # LeRobot's reader ignores keys it does not use
         write_json(self.root / INFO_PATH, info)
         write_json(self.root / EMBODIED_PATH, {
             "format": 1, "state_keys": self.state_keys or [], "sources": self.sources,
@@ -616,6 +650,25 @@ class LeRobotFile:
         self._decoded: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._decoded_bytes, self._budget = 0, int(video_cache_bytes)
         self.file_attrs: dict[str, Any] = {"total": int(self.info.get("total_frames", 0))}
+        self.image_convention, self._flips = self._image_conventions()
+
+    image_flips = (False, False)  # what TrajectoryDataset applies to the frames here: they are turned when decoded
+
+    def _image_conventions(self) -> tuple[str | None, tuple[bool, bool]]:
+        """(the convention frames are returned in, the flips from the stored frames to it)."""
+        from core.data.trajectories import is_libero
+
+        own = self.info.get("image_convention")
+        if own is not None:
+            try:
+                return check(own), (False, False)
+            except ConfigError as e:
+                raise DataError(self.path / INFO_PATH, str(e)) from None
+        sources = self.extra.get("sources") or []
+        if any(isinstance(s, dict) and isinstance(s.get("env_meta"), dict) and is_libero({}, s["env_meta"])
+               for s in sources):  # our export from before conventions were stated: LIBERO frames in flipud
+            return LIBERO_CONVENTION, flips("flipud", LIBERO_CONVENTION)
+        return None, (False, False)
 
     # -- tables
     def _episode_table(self) -> dict[int, dict[str, Any]]:
@@ -799,6 +852,9 @@ class LeRobotFile:
             frames = self._images(name, feature)
         else:
             frames = self._decode(row, feature)
+        rows, cols = self._flips
+        if rows or cols:  # (T, H, W, C) stored in an old export's flipud -> image_convention
+            frames = np.ascontiguousarray(frames[:, :: -1 if rows else 1, :: -1 if cols else 1])
         self._decoded[key] = frames
         self._decoded_bytes += frames.nbytes
         while self._decoded_bytes > self._budget and len(self._decoded) > 1:

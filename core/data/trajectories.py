@@ -6,7 +6,7 @@ File layout (one HDF5 file, many episodes)::
                                    optionally problem_info (JSON str with "language_instruction"),
                                    env_name, bddl_file_name (LIBERO)
     data/demo_<i>/                 attrs: num_samples (int) + per-episode attrs (see below)
-        obs/<key>                  (T, H, W, 3) uint8 RGB images (row 0 at the top; chunked per frame)
+        obs/<key>                  (T, H, W, 3) uint8 RGB images (chunked per frame; see "Image conventions")
                                    or (T, D) float proprio
         next_obs/<key>             optional, same shapes as obs/<key> (robomimic)
         actions                    (T, A) float
@@ -23,6 +23,17 @@ on read (any string attribute that parses as a JSON object or list comes back de
 Real LIBERO files (``agentview_rgb``, ``eye_in_hand_rgb``, ``ee_states`` ...; ``problem_info``,
 ``bddl_file_name``; demo attrs ``init_state``, ``model_file``) and real robomimic files
 (``agentview_image``, ``robot0_eef_pos`` ...; ``mask/train|valid``; ``next_obs``) load unchanged.
+
+Image conventions (``core.data.image_convention``; ``TrajectoryFile.image_convention`` says which one ``read``
+returns, ``TrajectoryDataset.image_convention`` the one of a dataset's samples):
+    - a file's own ``image_convention`` (``data`` attribute, or a key of ``env_args``) wins: frames come back in
+      it. Files recorded here state it (``embodied libero record``: ``"rot180"``; rollouts of LIBERO envs).
+    - LIBERO files (``is_libero``: BDDL attributes, a ``libero_*`` problem, a LIBERO env) come back in
+      ``"rot180"``, openpi's and LeRobot's LIBERO convention and ``LiberoEnv``'s: LIBERO's own files store the raw
+      OpenGL-order render (``macros_image_convention = "opengl"``), so rows and columns are reversed; a LIBERO file
+      without that attribute and without its own convention is a rollout of ``LiberoEnv`` recorded before
+      2026-12, in its ``"flipud"`` frames, so columns are reversed.
+    - other files: ``"opengl"`` ones come back upright (rows reversed), the rest as stored; no convention (None).
 
 Reader API::
 
@@ -68,7 +79,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from core.errors import DataError
+from core.data.image_convention import LIBERO_CONVENTION, check, flips
+from core.errors import ConfigError, DataError
 from core.io import atomic_path
 
 __all__ = [
@@ -77,6 +89,7 @@ __all__ = [
     "TrajectoryFile",
     "TrajectoryWriter",
     "is_image_key",
+    "is_libero",
     "open_trajectories",
 ]
 
@@ -129,6 +142,25 @@ def _demo_index(name: str) -> int:
 def is_image_key(shape: Sequence[int], dtype: np.dtype) -> bool:
     """Whether a per-episode obs dataset of ``shape`` (T, ...) holds images: uint8 (T, H, W, C<=4)."""
     return np.dtype(dtype) == np.uint8 and len(shape) == 4 and shape[-1] in (1, 3, 4)
+
+
+def is_libero(file_attrs: Mapping[str, Any], env_meta: Mapping[str, Any]) -> bool:
+    """Whether a file's decoded ``data`` attributes and ``env_args`` are LIBERO's.
+
+    LIBERO's ``create_dataset.py`` writes ``bddl_file_name`` / ``bddl_file_content``, ``problem_info`` with a
+    ``libero_*`` problem name and ``env_args`` with a ``bddl_file`` and a ``Libero_*`` env; rollouts of this
+    workspace's LIBERO envs (``sim.recorder``) have the env type ``"libero"`` (the env's family) and env names
+    ``embodied/Libero-*``.
+    """
+    if file_attrs.get("bddl_file_name") or file_attrs.get("bddl_file_content") or env_meta.get("bddl_file"):
+        return True
+    info = file_attrs.get("problem_info")
+    if isinstance(info, Mapping) and str(info.get("problem_name") or "").lower().startswith("libero"):
+        return True
+    if str(env_meta.get("env_type") or "").lower() == "libero":
+        return True
+    name = str(env_meta.get("env_name") or file_attrs.get("env_name") or "").lower()
+    return name.startswith(("libero_", "embodied/libero-"))
 
 
 def _open_h5(path: Path, chunk_cache_bytes: int | None = None) -> h5py.File:
@@ -375,6 +407,7 @@ class TrajectoryFile:
                 )
             self.episodes: list[str] = sorted(names, key=_demo_index)
             self.file_attrs: dict[str, Any] = _decode_attrs(data.attrs)
+            self._conventions = self._image_conventions()
         except BaseException:
             self._file.close()
             raise
@@ -450,16 +483,54 @@ class TrajectoryFile:
         conv = self._data.attrs.get("macros_image_convention")
         return _decode_attr(conv) == "opengl" if conv is not None else False
 
+    @property
+    def is_libero(self) -> bool:
+        """Whether this is a LIBERO file (``is_libero``)."""
+        return is_libero(self.file_attrs, self.env_meta)
+
+    @property
+    def image_convention(self) -> str | None:
+        """The convention ``read`` returns image frames in (``core.data.image_convention``).
+
+        The file's own ``image_convention``, else ``"rot180"`` for a LIBERO file, else None (see the module
+        docstring).
+        """
+        return self._conventions[0]
+
+    @property
+    def image_flips(self) -> tuple[bool, bool]:
+        """(reverse rows, reverse columns) that ``read`` applies to stored image frames."""
+        return self._conventions[1]
+
+    def _image_conventions(self) -> tuple[str | None, tuple[bool, bool]]:
+        """(the convention frames are returned in, the flips from the stored frames to it)."""
+        env_meta = self.env_meta
+        own = self.file_attrs.get("image_convention") or env_meta.get("image_convention")
+        if own is not None:
+            try:
+                own = check(own)
+            except ConfigError as e:
+                raise DataError(self.path, str(e)) from None
+        libero = is_libero(self.file_attrs, env_meta)
+        wanted = own or (LIBERO_CONVENTION if libero else None)
+        if self.bottom_up_images:  # the raw OpenGL-order render
+            return wanted, flips("raw", wanted or "upright")
+        if own is None and libero:  # a LiberoEnv rollout recorded before conventions were stated: flipud
+            return wanted, flips("flipud", wanted)
+        return wanted, (False, False)
+
     def read(self, name: str, key: str, sel: Any = ()) -> np.ndarray:
         """Read ``data/<name>/<key>[sel]``; a corrupt chunk raises ``DataError`` naming file, episode and key.
 
-        Images come back upright (row 0 at the top) also from files that store them bottom-up (LIBERO's
-        ``macros_image_convention = "opengl"``); ``TrajectoryFile.raw`` reads exactly as stored.
+        Images come back in ``image_convention`` (non-LIBERO files that store them bottom-up, with
+        ``macros_image_convention = "opengl"``: upright, row 0 at the top); ``TrajectoryFile.raw`` reads exactly
+        as stored.
         """
         ds = self.dataset(name, key)
         arr = self.raw(name, key, sel, ds)
-        if self.bottom_up_images and key.startswith(("obs/", "next_obs/")) and is_image_key(ds.shape, ds.dtype):
-            arr = np.ascontiguousarray(arr[..., ::-1, :, :])  # (..., H, W, 3): flip rows
+        rows, cols = self.image_flips
+        if (rows or cols) and key.startswith(("obs/", "next_obs/")) and is_image_key(ds.shape, ds.dtype):
+            arr = np.ascontiguousarray(arr[..., :: -1 if rows else 1, :: -1 if cols else 1, :])  # (..., H, W, C)
         return arr
 
     def raw(self, name: str, key: str, sel: Any = (), ds: h5py.Dataset | None = None) -> np.ndarray:
@@ -479,7 +550,7 @@ class TrajectoryFile:
                 all datasets when None.
 
         Returns:
-            ``{path: array}`` as stored, except that images are upright (see ``read``).
+            ``{path: array}`` as stored, except that images are in ``image_convention`` (see ``read``).
         """
         keys = self.keys(name) if keys is None else list(keys)
         return {k: self.read(name, k) for k in keys}
@@ -577,19 +648,26 @@ def _embodiment(attrs: Mapping[str, Any], env_meta: Mapping[str, Any]) -> str:
     return "unknown"
 
 
-def _channels_first(dst: np.ndarray, src: np.ndarray, flip: bool = False) -> None:
-    """Write images ``src`` (n, H, W, C) into ``dst`` (n, C, H, W), rows reversed when ``flip``.
+def _channels_first(dst: np.ndarray, src: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
+    """Write images ``src`` (n, H, W, C) into ``dst`` (n, C, H, W), rows / columns reversed as ``flip`` says.
 
     uint8 images with 2-4 channels are split into planes by OpenCV (SIMD), about 8x faster than numpy's
-    strided transpose copy, which remains the path for everything else.
+    strided transpose copy, which remains the path for everything else. Rows and columns both reversed (LIBERO's
+    raw frames to ``rot180``) is one ``cv2.flip`` of all n frames stacked before the split, which also reverses
+    their order; the planes are then copied in reverse order, a copy of whole frames.
     """
+    rows, cols = flip
     n, H, W, C = src.shape
     if n and src.dtype == np.uint8 and 2 <= C <= 4 and src.flags.c_contiguous:
-        for c, plane in enumerate(cv2.split(src.reshape(n * H, W, C))):
+        both = rows and cols
+        stack = src.reshape(n * H, W, C)
+        if both or cols:
+            stack = cv2.flip(stack, -1 if both else 1)  # -1: rows of the whole stack (frame order too) and columns
+        for c, plane in enumerate(cv2.split(stack)):
             plane = plane.reshape(n, H, W)
-            dst[:, c] = plane[:, ::-1] if flip else plane
+            dst[:, c] = plane[::-1] if both else (plane[:, ::-1] if rows else plane)
         return
-    dst[...] = (src[:, ::-1] if flip else src).transpose(0, 3, 1, 2)
+    dst[...] = src[:, :: -1 if rows else 1, :: -1 if cols else 1].transpose(0, 3, 1, 2)
 
 
 CacheMode = Literal["none", "low_dim", "all"]
@@ -620,11 +698,13 @@ class TrajectoryDataset(Dataset):
       selected episodes: ``4 * (D + A + 1) + 1`` bytes per step for D low-dim obs dims; images are
       read from the files as with ``"none"``.
     - ``"all"``: also decodes every image key at construction, ``H * W * C`` bytes per step and image key
-      (uint8, channels first, upright; e.g. 21 KiB per 84x84 RGB frame), plus ``frame_stack - 1`` copies
+      (uint8, channels first, in ``image_convention``; e.g. 21 KiB per 84x84 RGB frame), plus ``frame_stack - 1`` copies
       of each episode's first frame. The files are not read after construction. In ``__getitems__`` the
       images of the samples are views of this cache (see there).
 
-    ``cache_nbytes`` says how many bytes a cache holds.
+    ``cache_nbytes`` says how many bytes a cache holds. ``image_convention`` is the convention of the samples'
+    frames (``"rot180"`` for LIBERO files, see the module docstring; None without image keys or for other files),
+    for a trainer to record in its checkpoint.
 
     Args:
         paths: One file or several. Files may hold different embodiments and action dims.
@@ -681,13 +761,14 @@ class TrajectoryDataset(Dataset):
         self.errors: list[DataError] = []
         self.episodes: list[EpisodeInfo] = []
         self.image_keys: set[str] = set()
+        self._file_conventions: dict[int, str | None] = {}  # file index -> its image_convention
         self._file_index: list[int] = []  # episode -> index into self.paths
         self._layouts: list[dict[str, Any]] = []  # episode -> stored shapes (see _index_episode)
         anchors: list[np.ndarray] = []
         keep = set(embodiments) if embodiments is not None else None
         for fi, path in enumerate(self.paths):
             try:
-                rows = self._index_file(path)
+                rows, self._file_conventions[fi] = self._index_file(path)
             except DataError as e:
                 self._fail(e, "files")
                 continue
@@ -706,6 +787,7 @@ class TrajectoryDataset(Dataset):
                 self._layouts.append(layout)
                 anchors.append(np.stack([np.full(len(ts), ei), ts], axis=1))
         self._index = np.concatenate(anchors).astype(np.int64) if anchors else np.zeros((0, 2), np.int64)
+        self.image_convention = self._common_convention()
         if self.obs_keys is None:
             self.obs_keys = []
         self._check_action_dims()
@@ -719,7 +801,7 @@ class TrajectoryDataset(Dataset):
                                               for k in self.obs_keys)  # fmt: skip
         self._chunk_cache_bytes = min(_CHUNK_CACHE_BYTES, _CHUNK_CACHE_BUDGET // max(1, n_image_ds))
         self._handles: dict[int, TrajectoryFile] = {}
-        self._episode_ds: dict[int, dict[str, tuple[h5py.Dataset | None, bool]]] = {}
+        self._episode_ds: dict[int, dict[str, tuple[h5py.Dataset | None, tuple[bool, bool]]]] = {}
         self._views: dict[tuple[str, int], torch.Tensor] = {}  # cached image array -> read-only tensor
         self._pid = os.getpid()
 
@@ -734,7 +816,29 @@ class TrajectoryDataset(Dataset):
         last = length - 1 if self.pad_end else length - self.horizon
         return np.arange(0, last + 1, self.stride, dtype=np.int64) if last >= 0 else np.zeros(0, np.int64)
 
-    def _index_file(self, path: Path) -> list[tuple[EpisodeInfo | None, dict | None, DataError | None]]:
+    def _common_convention(self) -> str | None:
+        """The image convention of the samples' frames: that of every file with selected episodes.
+
+        None when no image key is loaded or one of the files has none.
+
+        Raises:
+            DataError: Two files whose frames are laid out differently (``rot180`` vs ``flipud``): one policy
+                cannot learn from both.
+        """
+        if not any(k in self.image_keys for k in self.obs_keys or []):
+            return None
+        got = [(fi, self._file_conventions.get(fi)) for fi in sorted(set(self._file_index))]
+        known = [(fi, c) for fi, c in got if c is not None]
+        for fi, c in known[1:]:
+            if flips(c, known[0][1]) != (False, False):
+                raise DataError(self.paths[fi], f"images in convention {c!r}, but {self.paths[known[0][0]]} has "
+                                                f"{known[0][1]!r}: convert one (core.data.image_convention) or "
+                                                "train on them separately")
+        return known[0][1] if known and len(known) == len(got) else None
+
+    def _index_file(self, path: Path) -> tuple[list[tuple[EpisodeInfo | None, dict | None, DataError | None]],
+                                               str | None]:
+        """The rows (info, layout, error) of the file's selected episodes, and its image convention."""
         with open_trajectories(path) as f:
             names = f.episodes
             if self.filter_key is not None:
@@ -752,7 +856,7 @@ class TrajectoryDataset(Dataset):
                     rows.append((*self._index_episode(f, name, env_meta, li_file), None))
                 except DataError as e:
                     rows.append((None, None, e))
-            return rows
+            return rows, f.image_convention
 
     def _index_episode(
         self, f: TrajectoryFile, name: str, env_meta: dict, li_file: str | None
@@ -877,7 +981,7 @@ class TrajectoryDataset(Dataset):
             by_file.setdefault(fi, []).append(ei)
         for fi, eis in by_file.items():
             with open_trajectories(self.paths[fi]) as f:
-                bottom_up = f.bottom_up_images
+                file_flips = f.image_flips
                 for ei in eis:
                     grp, T = f._group(self.episodes[ei].name), self.episodes[ei].length
                     for name in names:
@@ -887,15 +991,16 @@ class TrajectoryDataset(Dataset):
                         cols, col_of, off = self._mem[name]
                         col, o = cols[col_of[ei]], off[ei]
                         arr = self._read(ei, name, ds, 0, T)
-                        self._put(name, col[o : o + T], arr, self._flips(name, ei, bottom_up))
+                        self._put(name, col[o : o + T], arr, self._flips(name, ei, file_flips))
                         if self._is_image(name):
                             col[o - self.frame_stack + 1 : o] = col[o]
         self.cache_nbytes = sum(c.nbytes for cols, _, _ in self._mem.values() for c in cols)
 
-    def _flips(self, name: str, ei: int, bottom_up: bool) -> bool:
-        return bottom_up and name.startswith("obs/") and self._layouts[ei][name][2]
+    def _flips(self, name: str, ei: int, file_flips: tuple[bool, bool]) -> tuple[bool, bool]:
+        """(reverse rows, reverse columns) of stored ``name`` in its sample: the file's for an image key."""
+        return file_flips if name.startswith("obs/") and self._layouts[ei][name][2] else (False, False)
 
-    def _put(self, name: str, dst: np.ndarray, arr: np.ndarray, flip: bool) -> None:
+    def _put(self, name: str, dst: np.ndarray, arr: np.ndarray, flip: tuple[bool, bool]) -> None:
         """Write stored rows ``arr`` of ``name`` into ``dst`` (rows of the sample layout)."""
         if name.startswith("obs/"):
             if self._is_image(name):
@@ -949,20 +1054,23 @@ class TrajectoryDataset(Dataset):
             f = self._handles[fi] = open_trajectories(self.paths[fi], chunk_cache_bytes=self._chunk_cache_bytes)
         return f
 
-    def _datasets(self, ei: int) -> dict[str, tuple[h5py.Dataset | None, bool]]:
-        """This process's handles of episode ``ei``: name -> (dataset or None, flip rows), resolved once."""
+    def _datasets(self, ei: int) -> dict[str, tuple[h5py.Dataset | None, tuple[bool, bool]]]:
+        """This process's handles of episode ``ei``, resolved once.
+
+        name -> (dataset or None, (flip rows, flip columns)).
+        """
         self._this_process()
         got = self._episode_ds.get(ei)
         if got is None:
             f = self._file(ei)
-            grp, bottom_up = f._group(self.episodes[ei].name), f.bottom_up_images
+            grp, file_flips = f._group(self.episodes[ei].name), f.image_flips
             got = {}
             for name in self._names:
                 if name not in self._mem:
                     ds = grp.get(name)
                     if not _is_array(ds) and name.startswith("obs/"):
                         raise DataError(f.path, f"{self.episodes[ei].name}: no dataset {name!r}")
-                    got[name] = (ds, self._flips(name, ei, bottom_up))
+                    got[name] = (ds, self._flips(name, ei, file_flips))
             self._episode_ds[ei] = got
         return got
 

@@ -31,6 +31,7 @@ LOSSLESS = VideoOptions("libx264rgb", "rgb24", 0)
 # second camera) here, through lerobot's reader and ours alike; bound 48 for x264's thread-count dependence.
 # The lossless setting (libx264rgb, rgb24, CRF 0) must give 0.
 LOSSY_TOL = 48
+BDDL = "libero/bddl_files/libero_spatial/pick_up_the_cube.bddl"
 
 
 def frames(T: int, H: int, W: int, seed: int) -> np.ndarray:
@@ -46,12 +47,17 @@ def frames(T: int, H: int, W: int, seed: int) -> np.ndarray:
 def make_demos(path: Path, episodes: int = 3, size: int = 64, libero: bool = False, camera: str | None = None) -> Path:
     """A recorder-style file: 2 cameras, proprio (9), eef_delta (3), 7-d actions, ~20 steps per episode.
 
-    ``libero``: LIBERO's layout instead (agentview_rgb / eye_in_hand_rgb stored bottom-up, ee_pos / gripper_states).
+    ``libero``: LIBERO's layout instead (agentview_rgb / eye_in_hand_rgb the raw render, i.e. ``frames`` (upright)
+    with rows reversed, ee_pos / gripper_states; LIBERO's BDDL attribute), which the loader returns in ``rot180``:
+    ``frames[:, :, ::-1]``.
     """
     rng = np.random.default_rng(0)
-    with TrajectoryWriter(path, env_meta={"env_name": "embodied/Lift-Panda-v0", "embodiment": "Panda",
-                                          "env_kwargs": {"image_size": size, **({"camera": camera} if camera else {})}},
-                          language_instruction="pick up the cube" if libero else None) as w:
+    kwargs = {"image_size": size, **({"camera": camera} if camera else {})}
+    env_meta = {"env_name": "embodied/Lift-Panda-v0", "embodiment": "Panda", "env_kwargs": kwargs}
+    if libero:  # LIBERO's env_args
+        env_meta = {"env_name": "Libero_Tabletop_Manipulation", "problem_name": "libero_tabletop_manipulation",
+                    "bddl_file": BDDL, "embodiment": "Panda", "env_kwargs": kwargs}
+    with TrajectoryWriter(path, env_meta=env_meta, language_instruction="pick up the cube" if libero else None) as w:
         for e in range(episodes):
             T = 20 + e
             a, b = frames(T, size, size, e), frames(T, size, size, e + 5)
@@ -69,6 +75,7 @@ def make_demos(path: Path, episodes: int = 3, size: int = 64, libero: bool = Fal
     if libero:
         with h5py.File(path, "a") as f:
             f["data"].attrs["macros_image_convention"] = "opengl"
+            f["data"].attrs["bddl_file_name"] = BDDL
     return path
 
 
@@ -117,7 +124,8 @@ res = {"fps": np.array(ds.fps), "episodes": np.array(ds.num_episodes), "frames":
        "tasks": np.array([it["task"] for it in items]), "stats_keys": np.array(sorted(ds.meta.stats))}
 for k in ("action", "observation.state", "observation.proprio", "timestamp", "frame_index", "episode_index",
           "index", "next.reward", "next.done"):
-    res[k] = torch.stack([it[k] for it in items]).numpy()
+    if k in items[0]:
+        res[k] = torch.stack([it[k] for it in items]).numpy()
 for k in ds.meta.video_keys:  # float (3, H, W) in [0, 1] -> uint8 (H, W, 3)
     res[k] = torch.stack([(it[k] * 255).round().to(torch.uint8).permute(1, 2, 0) for it in items]).numpy()
 np.savez(out, **res)
@@ -223,20 +231,79 @@ def test_round_trip_gives_the_same_windows(exports, demos, kind, cache):
         assert x["actions"].equal(y["actions"]) and x["obs.proprio"].equal(y["obs.proprio"])
 
 
-def test_libero_layout_exports_upright_and_round_trips(tmp_path):
+def test_libero_layout_exports_rot180_and_round_trips(tmp_path):
+    """LIBERO frames are exported in openpi's and LeRobot's convention (the raw render rotated 180 degrees), which
+    info.json states; LeRobot's own reader sees exactly those frames."""
     src = make_demos(tmp_path / "libero.hdf5", episodes=2, libero=True)
     out = export_lerobot(src, tmp_path / "lr", fps=FPS, video=LOSSLESS)
-    feats = json.loads((tmp_path / "lr/meta/info.json").read_text())["features"]
+    info = json.loads((tmp_path / "lr/meta/info.json").read_text())
+    feats = info["features"]
     assert feats["observation.state"]["names"][:3] == ["ee_pos_0", "ee_pos_1", "ee_pos_2"]  # sorted low-dim keys
     assert feats["observation.state"]["shape"] == [5] and out["tasks"] == ["pick up the cube"]
+    assert info["image_convention"] == "rot180"
+    with h5py.File(src, "r") as h:
+        raw = [h[f"data/demo_{i}/obs/agentview_rgb"][()] for i in range(2)]
+    rot180 = [r[:, ::-1, ::-1] for r in raw]  # openpi: obs["agentview_image"][::-1, ::-1]
+    assert np.array_equal(rot180[1], frames(21, 64, 64, 1)[:, :, ::-1])  # = the upright picture mirrored
     with LeRobotFile(tmp_path / "lr") as f:
-        assert f.read("demo_1", "obs/agentview_rgb").tobytes() == frames(21, 64, 64, 1).tobytes()  # upright
+        assert f.image_convention == "rot180"
+        assert f.read("demo_1", "obs/agentview_rgb").tobytes() == rot180[1].tobytes()
         assert f.language_instruction == "pick up the cube"
+    got = lerobot_read(tmp_path / "lr", tmp_path)
+    assert np.array_equal(got["observation.images.agentview_rgb"], np.concatenate(rot180))
     a = TrajectoryDataset(src, horizon=2, frame_stack=2)
     b = TrajectoryDataset(tmp_path / "lr", horizon=2, frame_stack=2)
-    assert len(a) == len(b) == 41
+    assert len(a) == len(b) == 41 and a.image_convention == b.image_convention == "rot180"
     for x, y in zip(windows(a), windows(b), strict=True):
         assert all(x[k].equal(y[k]) for k in x)
+
+
+def test_an_old_libero_export_reads_rot180(tmp_path):
+    """An export of ours from before conventions were stated (no ``image_convention`` in info.json, LIBERO frames
+    in the old flipud: the raw render with rows reversed) is read in rot180, like the source file."""
+    src = make_demos(tmp_path / "libero.hdf5", episodes=2, libero=True)
+    old_src = tmp_path / "flipud.hdf5"
+    old_src.write_bytes(src.read_bytes())
+    with h5py.File(old_src, "a") as f:  # the loader then returns flipud frames, what old exports hold
+        f["data"].attrs["image_convention"] = "flipud"
+    export_lerobot(old_src, tmp_path / "old", fps=FPS, video=LOSSLESS)
+    info_path = tmp_path / "old/meta/info.json"
+    info = json.loads(info_path.read_text())
+    assert info.pop("image_convention") == "flipud"
+    info_path.write_text(json.dumps(info))
+    with LeRobotFile(tmp_path / "old") as f:
+        assert f.image_convention == "rot180"
+        with h5py.File(src, "r") as h:
+            raw = h["data/demo_1/obs/eye_in_hand_rgb"][()]
+        assert f.read("demo_1", "obs/eye_in_hand_rgb").tobytes() == raw[:, ::-1, ::-1].tobytes()
+    a = TrajectoryDataset(src, horizon=2, frame_stack=2)
+    b = TrajectoryDataset(tmp_path / "old", horizon=2, frame_stack=2)
+    assert b.image_convention == "rot180"
+    for x, y in zip(windows(a), windows(b), strict=True):
+        assert all(x[k].equal(y[k]) for k in x)
+    # a dataset of LeRobot's own (no embodied.json, no image_convention) is read as it is
+    (tmp_path / "old/meta/embodied.json").unlink()
+    with LeRobotFile(tmp_path / "old") as f:
+        assert f.image_convention is None
+        assert f.read("demo_1", "obs/eye_in_hand_rgb").tobytes() == raw[:, ::-1].tobytes()
+
+
+def test_export_refuses_frames_of_unknown_and_known_conventions_together(tmp_path):
+    libero = make_demos(tmp_path / "libero.hdf5", episodes=1, libero=True)
+    other = make_demos(tmp_path / "other.hdf5", episodes=1, libero=True)
+    with h5py.File(other, "a") as f:  # the same keys, but not a LIBERO file: no convention
+        del f["data"].attrs["bddl_file_name"]
+        f["data"].attrs["env_args"] = json.dumps({"env_name": "Lift", "env_kwargs": {"robots": ["Panda"]}})
+    with pytest.raises(DataError, match="convention"):
+        export_lerobot([libero, other], tmp_path / "mixed", fps=FPS, video=LOSSLESS)
+    flipped = make_demos(tmp_path / "flipud.hdf5", episodes=1, libero=True)
+    with h5py.File(flipped, "a") as f:
+        f["data"].attrs["image_convention"] = "flipud"
+    export_lerobot([libero, flipped], tmp_path / "both", fps=FPS, video=LOSSLESS)  # converted to the first's
+    with LeRobotFile(tmp_path / "both") as f, h5py.File(flipped, "r") as h:
+        assert f.image_convention == "rot180"
+        raw = h["data/demo_0/obs/agentview_rgb"][()]
+        assert np.array_equal(f.read("demo_1", "obs/agentview_rgb"), raw[:, ::-1, ::-1])
 
 
 def test_episodes_share_one_mp4_and_read_frame_accurately(exports, demos):

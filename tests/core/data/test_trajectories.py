@@ -61,14 +61,16 @@ def test_libero_file_loads_unchanged(libero_file):
                 "joint_states",
             ]
         )
-        # LIBERO stores images bottom-up (macros_image_convention = "opengl"): reads come back upright
-        assert f.bottom_up_images
+        # LIBERO stores the raw render (macros_image_convention = "opengl"): reads come back in openpi's and
+        # LeRobot's LIBERO convention, the raw frame rotated 180 degrees (rows and columns reversed)
+        assert f.bottom_up_images and f.is_libero and f.image_convention == "rot180"
         raw = f.raw("demo_0", "obs/agentview_rgb")
-        assert np.array_equal(f.read("demo_0", "obs/agentview_rgb"), raw[:, ::-1])
-        assert np.array_equal(f.read("demo_0", "obs/agentview_rgb", np.s_[1:3]), raw[1:3, ::-1])
+        assert np.array_equal(f.read("demo_0", "obs/agentview_rgb"), raw[:, ::-1, ::-1])
+        assert np.array_equal(f.read("demo_0", "obs/agentview_rgb", np.s_[1:3]), raw[1:3, ::-1, ::-1])
         assert np.array_equal(f.read("demo_0", "obs/ee_pos"), f.raw("demo_0", "obs/ee_pos"))
     ds = TrajectoryDataset(libero_file, obs_keys=["agentview_rgb", "ee_states"], horizon=2)
-    assert np.array_equal(ds[0]["obs.agentview_rgb"][0].permute(1, 2, 0).numpy(), raw[0, ::-1])
+    assert np.array_equal(ds[0]["obs.agentview_rgb"][0].permute(1, 2, 0).numpy(), raw[0, ::-1, ::-1])
+    assert ds.image_convention == "rot180"
     assert len(ds) == 4 + 5
     s = ds[0]
     assert s["obs.agentview_rgb"].shape == (1, 3, 16, 16) and s["obs.agentview_rgb"].dtype == torch.uint8
