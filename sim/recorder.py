@@ -99,6 +99,7 @@ class EpisodeRecorder:
             "task": metadata.get("task"),
             "action_space_desc": metadata.get("action_space_desc"),
             "proprio_desc": metadata.get("proprio_desc"),
+            **({"image_convention": metadata["image_convention"]} if metadata.get("image_convention") else {}),
         }
         self._writer = TrajectoryWriter(
             self.path, env_meta=env_meta, language_instruction=metadata.get("language_instruction")

@@ -1,9 +1,13 @@
 """Gymnasium env for any LIBERO task, built offline from its BDDL file and fixed init states.
 
 Observation (``gymnasium.spaces.Dict``):
-    ``image``        (H, W, 3) uint8 RGB, the ``agentview`` camera, upright (row 0 at the top;
-                     robosuite renders OpenGL-style bottom-up, so the frame is flipped vertically).
-    ``wrist_image``  (H, W, 3) uint8 RGB, ``robot0_eye_in_hand``, flipped the same way (only when
+    ``image``        (H, W, 3) uint8 RGB, the ``agentview`` camera in openpi's and LeRobot's LIBERO convention
+                     (``IMAGE_CONVENTION = "rot180"``, ``metadata["image_convention"]``): robosuite's raw
+                     OpenGL-order frame (row 0 at the bottom) rotated 180 degrees, ``raw[::-1, ::-1]``, exactly
+                     what openpi's LIBERO example and LeRobot's LIBERO processor give their policies (and what
+                     their LIBERO datasets hold). Until 2026-12 it was ``raw[::-1]`` (``"flipud"``), a horizontal
+                     mirror of this; ``core.data.image_convention`` converts.
+    ``wrist_image``  (H, W, 3) uint8 RGB, ``robot0_eye_in_hand``, rotated the same way (only when
                      ``wrist_image=True``).
     ``proprio``      (15,) float32, world frame:
                      [0:3]  end-effector (grip site) position, metres;
@@ -13,8 +17,9 @@ Observation (``gymnasium.spaces.Dict``):
                      [8:15] arm joint positions, radians.
 
 Mapping to LIBERO's demonstration files (``data/demo_<i>/obs/<key>``, see ``sim.libero.demos``):
-    ``agentview_rgb``  = ``image`` flipped back (LIBERO stores the raw OpenGL-order frame)
-    ``eye_in_hand_rgb`` = ``wrist_image`` flipped back
+    ``agentview_rgb``  = ``image[::-1, ::-1]``, rotated back (LIBERO stores the raw OpenGL-order frame;
+                         the loader, ``core.data.trajectories``, returns LIBERO files' frames in ``rot180``)
+    ``eye_in_hand_rgb`` = ``wrist_image[::-1, ::-1]``
     ``ee_pos`` = proprio[0:3], ``ee_ori`` = proprio[3:6], ``ee_states`` = proprio[0:6],
     ``gripper_states`` = proprio[6:8], ``joint_states`` = proprio[8:15].
     LIBERO's ``actions`` are this env's actions (same controller, same scaling).
@@ -48,6 +53,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from core.data.image_convention import LIBERO_CONVENTION
 from core.errors import ConfigError
 from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, seeded_robosuite_reset
 from sim.libero._bootstrap import prepare_libero
@@ -72,6 +78,8 @@ EMBODIMENT = "Panda"
 AGENT_CAMERA = "agentview"
 WRIST_CAMERA = "robot0_eye_in_hand"
 CONTROL_FREQ = 20
+IMAGE_CONVENTION = LIBERO_CONVENTION
+"""``"rot180"``: camera images are the raw render rotated 180 degrees (``core.data.image_convention``)."""
 
 _MJ_BAD_STATE_WARNINGS = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", "mjWARN_BADCTRL")
 
@@ -108,7 +116,7 @@ class LiberoEnv(gym.Env):
         task_index: index of the task in the suite (LIBERO's default task order).
         image_size: side of the square camera images, pixels (LIBERO's demos use 128).
         wrist_image: also render the eye-in-hand camera (costs about as much again per step).
-        render_mode: ``"rgb_array"`` (``render()`` returns the upright agent-view frame) or None.
+        render_mode: ``"rgb_array"`` (``render()`` returns the agent-view frame as ``image``, ``rot180``) or None.
         images: put camera images in the observation (the default). ``False`` gives ``proprio`` only
             and skips rendering at every step, about 10x faster on a CPU, for policies that read the sim
             state (the privileged expert, random); ``render()`` still renders a frame on demand.
@@ -121,7 +129,7 @@ class LiberoEnv(gym.Env):
             LIBERO's own downloaded demos, ``render_samples=4, render_reflections=True`` is LIBERO's look.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_FREQ}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_FREQ, "image_convention": IMAGE_CONVENTION}
 
     def __init__(
         self,
@@ -306,7 +314,7 @@ class LiberoEnv(gym.Env):
         if not self.images:
             self._gl_current()
             frame = self.sim.render(width=self.image_size, height=self.image_size, camera_name=AGENT_CAMERA)
-            return np.ascontiguousarray(frame[::-1])
+            return np.ascontiguousarray(frame[::-1, ::-1])  # IMAGE_CONVENTION, like image
         return self._obs["image"].copy()
 
     def close(self):
@@ -326,8 +334,9 @@ class LiberoEnv(gym.Env):
     def demo_obs(obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """An observation (one, or a batch of K) under LIBERO's demo obs keys, as ``core.data`` loads them.
 
-        Images stay upright (the loader turns the files' OpenGL-order frames upright), proprio is sliced
-        by ``PROPRIO_LAYOUT`` (``ee_states`` = ``proprio[..., 0:6]``). Keys the env did not render are absent.
+        Images stay in ``IMAGE_CONVENTION`` (``rot180``: the loader returns the files' OpenGL-order frames
+        rotated the same way), proprio is sliced by ``PROPRIO_LAYOUT`` (``ee_states`` = ``proprio[..., 0:6]``).
+        Keys the env did not render are absent.
         """
         out = {}
         if "image" in obs:
@@ -343,9 +352,10 @@ class LiberoEnv(gym.Env):
     # -------------------------------------------------------------------------------- internals
 
     def _convert_obs(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        obs = {"image": np.ascontiguousarray(raw[f"{AGENT_CAMERA}_image"][::-1])} if self.images else {}
+        # IMAGE_CONVENTION: the raw OpenGL-order frame rotated 180 degrees, as openpi's LIBERO example does
+        obs = {"image": np.ascontiguousarray(raw[f"{AGENT_CAMERA}_image"][::-1, ::-1])} if self.images else {}
         if self.use_wrist_image:
-            obs["wrist_image"] = np.ascontiguousarray(raw[f"{WRIST_CAMERA}_image"][::-1])
+            obs["wrist_image"] = np.ascontiguousarray(raw[f"{WRIST_CAMERA}_image"][::-1, ::-1])
         obs["proprio"] = proprio_from_raw_obs(raw)
         return obs
 

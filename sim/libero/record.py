@@ -20,6 +20,10 @@ How one task is recorded:
    not (the two envs diverged: seen on libero_spatial/4 and /9, whose sampled placements involve the
    wooden cabinet) is dropped and counted as ``replay differs``, and the blind attempts go on.
 
+Frames are stored as LIBERO stores them, the raw OpenGL-order render (``demos.libero_obs_from_env`` undoes the env's
+``rot180``), with the ``data`` attribute ``image_convention = "rot180"``: the convention the loader returns them in,
+which is what ``LiberoEnv`` gives a policy in closed loop.
+
 Rendering therefore costs only what is kept. Unlike LIBERO's regenerated files, ``obs[t]`` here is the
 observation *before* ``actions[t]``, consistent with ``states[t]``. LIBERO pairs each action with the
 observation after it. The settle steps are not recorded, which plays the role of LIBERO skipping its
@@ -191,6 +195,7 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
                 reasons[reason] = reasons.get(reason, 0) + 1
         problem = cam.libero_env.parsed_problem
         env_name = type(cam.libero_env).__name__
+        convention = cam.metadata["image_convention"]  # what the policy sees; the file keeps raw frames
         kwargs = {"bddl_file_name": task.bddl_file, "robots": ["Panda"], "camera_names": ["agentview", "robot0_eye_in_hand"],
                   "camera_heights": image_size, "camera_widths": image_size, "control_freq": 20,
                   "ignore_done": True, "use_camera_obs": True}
@@ -211,6 +216,7 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
             env_args={"type": 1, "env_name": env_name, "problem_name": problem["problem_name"],
                       "bddl_file": task.bddl_file, "env_kwargs": kwargs},
             extra_attrs={"embodied_record": json.dumps(asdict(setting)), "language": task.language},
+            image_convention=convention,
         )
     summary = {"task": task.task_id, "name": task.name, "path": str(path) if episodes else None,
                "demos": len(episodes), "attempts": attempts, "failures": reasons,

@@ -33,7 +33,9 @@ def _frames(n: int, seed: int) -> np.ndarray:
 
 
 def write_by_hand(path: Path, episodes: int = 2, language: str = LANGUAGE) -> dict[str, np.ndarray]:
-    """A LIBERO demo file as LIBERO writes it; returns the upright agent-view frames of demo_0."""
+    """A LIBERO demo file as LIBERO writes it; returns the upright agent-view frames of each demo. The file stores
+    them with rows reversed (the raw render); the loader returns them rotated 180 degrees from that (openpi's and
+    LeRobot's convention), i.e. ``upright[:, :, ::-1]``: the upright picture mirrored left-right."""
     bddl = "libero_spatial/pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate.bddl"
     upright = {}
     with h5py.File(path, "w") as f:
@@ -95,19 +97,28 @@ def _structure(path: Path) -> dict[str, object]:
     return out
 
 
-def test_hand_written_libero_file_reads_upright_with_its_language(tmp_path):
+def test_hand_written_libero_file_reads_rot180_with_its_language(tmp_path):
+    """LIBERO's own file (raw frames, no convention of ours) reads in openpi's and LeRobot's LIBERO convention, the
+    one LiberoEnv gives policies: the raw render rotated 180 degrees."""
     from core.data.trajectories import TrajectoryDataset, TrajectoryFile
 
     path = tmp_path / "task_demo.hdf5"
     upright = write_by_hand(path)
+    with h5py.File(path, "r") as h:
+        assert "image_convention" not in h["data"].attrs
+        raw = h["data/demo_0/obs/agentview_rgb"][()]
     with TrajectoryFile(path) as f:
         assert f.episodes == ["demo_0", "demo_1"] and f.language_instruction == LANGUAGE
-        assert f.file_attrs["bddl_file_name"].endswith(".bddl")
+        assert f.file_attrs["bddl_file_name"].endswith(".bddl") and f.image_convention == "rot180"
         ep = f.episode("demo_0")
-    assert np.array_equal(ep["obs/agentview_rgb"], upright["demo_0"]) and (ep["obs/agentview_rgb"][:, 0] == 255).all()
+    assert np.array_equal(ep["obs/agentview_rgb"], raw[:, ::-1, ::-1])  # openpi: obs["agentview_image"][::-1, ::-1]
+    assert np.array_equal(ep["obs/agentview_rgb"], upright["demo_0"][:, :, ::-1])
+    assert (ep["obs/agentview_rgb"][:, 0] == 255).all()  # the top row stays on top
     ds = TrajectoryDataset([path], obs_keys=["agentview_rgb", "ee_states"], horizon=4, frame_stack=1)
     sample = ds[0]
     assert sample["obs.agentview_rgb"].shape == (1, 3, H, H) and (sample["obs.agentview_rgb"][0, :, 0] == 255).all()
+    assert np.array_equal(sample["obs.agentview_rgb"][0].permute(1, 2, 0).numpy(), raw[0, ::-1, ::-1])
+    assert ds.image_convention == "rot180"
     assert sample["actions"].shape == (4, 7) and sample["obs.ee_states"].shape == (1, 6)
 
 
@@ -158,7 +169,10 @@ def test_our_writer_makes_libero_s_structure(tmp_path):
                            env_args={"type": 1, "env_name": "E", "problem_name": "p", "bddl_file": "x.bddl",
                                      "env_kwargs": {}})
     a, b = _structure(ref), _structure(ours)
+    b["data@"].remove("image_convention")  # ours state the convention the loader returns the frames in
     assert a == b, {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
+    with h5py.File(ours, "r") as f:
+        assert f["data"].attrs["image_convention"] == "rot180"
 
 
 def _embodied(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -190,8 +204,22 @@ def test_recorded_expert_demo_has_libero_s_layout_and_replays_to_success(tmp_pat
     assert not missing, missing  # every key and attribute LIBERO writes (ours add e.g. embodied_record, seed)
     with TrajectoryFile(path) as f:
         assert f.language_instruction == task.bddl_language
+        assert f.file_attrs["image_convention"] == "rot180" and f.file_attrs["macros_image_convention"] == "opengl"
         ep, attrs = f.episode("demo_0"), f.attrs("demo_0")
+        raw = {k: f.raw("demo_0", f"obs/{k}", 0) for k in ("agentview_rgb", "eye_in_hand_rgb")}
     n = len(ep["actions"])
+    cam = LiberoEnv(task.suite, task.index, image_size=H)  # the recorder's camera env: its first recorded frame
+    try:
+        obs, _ = cam.reset(seed=int(attrs["seed"]), options={"init_state_id": "sampled"})
+        for _ in range(10):
+            obs, *_ = cam.step(NOOP_ACTION)
+        # stored: LIBERO's raw render; read: what the env gives the policy (rot180)
+        assert np.array_equal(raw["agentview_rgb"], cam.raw_obs["agentview_image"])
+        assert np.array_equal(raw["eye_in_hand_rgb"], cam.raw_obs["robot0_eye_in_hand_image"])
+        assert np.array_equal(ep["obs/agentview_rgb"][0], obs["image"])
+        assert np.array_equal(ep["obs/eye_in_hand_rgb"][0], obs["wrist_image"])
+    finally:
+        cam.close()
     assert ep["obs/agentview_rgb"].shape == (n, H, H, 3) and ep["rewards"].tolist() == [0] * (n - 1) + [1]
     env = LiberoEnv(task.suite, task.index, images=False)
     try:

@@ -46,8 +46,9 @@ def test_reset_step_render(env):
     assert env.observation_space.contains(obs)
     assert obs["image"].shape == obs["wrist_image"].shape == (SIZE, SIZE, 3)
     assert obs["image"].std() > 5  # a real scene, not a blank frame
-    # upright: the env image is robosuite's bottom-up frame flipped
-    assert np.array_equal(obs["image"], env.raw_obs["agentview_image"][::-1])
+    # openpi's and LeRobot's convention: robosuite's bottom-up frame rotated 180 degrees
+    assert np.array_equal(obs["image"], env.raw_obs["agentview_image"][::-1, ::-1])
+    assert env.metadata["image_convention"] == "rot180"
     # the state is LIBERO's init state 0 exactly
     np.testing.assert_allclose(env.sim.get_state().flatten()[1:], env.init_states[0][1:], atol=1e-9)
     md = env.metadata
@@ -138,8 +139,8 @@ def test_libero_demo_file_loads_through_trajectories(env, tmp_path):
         ep = f.episode("demo_0")
         raw = f.raw("demo_0", "obs/agentview_rgb")
     assert ep["obs/agentview_rgb"].shape == (steps, SIZE, SIZE, 3) and ep["obs/agentview_rgb"].dtype == np.uint8
-    assert np.array_equal(raw[:, ::-1], np.stack(env_images))  # stored bottom-up, like LIBERO's own files
-    assert np.array_equal(ep["obs/agentview_rgb"], np.stack(env_images))  # and read back upright
+    assert np.array_equal(raw[:, ::-1, ::-1], np.stack(env_images))  # stored raw, like LIBERO's own files
+    assert np.array_equal(ep["obs/agentview_rgb"], np.stack(env_images))  # and read back in the env's rot180
     np.testing.assert_allclose(ep["obs/ee_states"][:, :3], ep["obs/ee_pos"])
     assert ep["obs/joint_states"].shape == (steps, 7) and ep["obs/gripper_states"].shape == (steps, 2)
     np.testing.assert_allclose(ep["actions"], np.stack(actions))
@@ -231,13 +232,18 @@ def test_images_off_same_dynamics_proprio_only(env):
     fast = LiberoEnv("libero_spatial", 0, image_size=SIZE, images=False, render_mode="rgb_array")
     try:
         assert set(fast.observation_space.spaces) == {"proprio"}
-        a = _rollout(env, seed=4, steps=6)[1]
+        images, a = _rollout(env, seed=4, steps=6)
         obs, _ = fast.reset(seed=4)
         rng = np.random.default_rng(4)
         b = [obs["proprio"]] + [fast.step(rng.uniform(-1, 1, 7))[0]["proprio"] for _ in range(6)]
         assert set(obs) == {"proprio"} and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
         frame = fast.render()
         assert frame.shape == (SIZE, SIZE, 3) and frame.dtype == np.uint8 and frame.std() > 5  # a scene, not blank
+        # in the env's convention (rot180) like the camera observation: much closer to it than any flip of it
+        # (not equal: the on-demand render does not share the camera observation's render settings)
+        diff = {k: np.abs(f.astype(int) - images[-1]).mean()
+                for k, f in {"same": frame, "lr": frame[:, ::-1], "ud": frame[::-1], "both": frame[::-1, ::-1]}.items()}
+        assert diff["same"] < 0.25 * min(diff["lr"], diff["ud"], diff["both"]), diff
     finally:
         fast.close()
 

@@ -31,8 +31,9 @@ def test_pose_motion_composes_rotations_where_subtracting_axis_angles_fails():
     assert np.abs(naive - m[:, 3:]).max() > 0.1  # the shortcut this replaces is wrong here
 
 
-def test_transitions_read_libero_files_upright_with_motion_from_ee_states(tmp_path):
-    """Hand-written LIBERO files (no eef_delta): frames upright from the agent view, motion = the relative
+def test_transitions_read_libero_files_in_rot180_with_motion_from_ee_states(tmp_path):
+    """Hand-written LIBERO files (no eef_delta): agent-view frames in the LIBERO env's convention (the raw render
+    rotated 180 degrees, openpi's and LeRobot's: the upright picture mirrored), motion = the relative
     pose over each transition's skip steps, actions of those steps concatenated, embodiment Panda."""
     import h5py
 
@@ -48,7 +49,8 @@ def test_transitions_read_libero_files_upright_with_motion_from_ee_states(tmp_pa
     with h5py.File(path) as f:
         ee = f["data/demo_0/obs/ee_states"][:]
         acts = f["data/demo_0/actions"][:]
-    np.testing.assert_array_equal(s["frames"].permute(0, 2, 3, 1).numpy(), upright["demo_0"][[0, 3, 6]])
+    rot180 = upright["demo_0"][[0, 3, 6]][:, :, ::-1]  # = the stored raw frames [::-1, ::-1]
+    np.testing.assert_array_equal(s["frames"].permute(0, 2, 3, 1).numpy(), rot180)
     np.testing.assert_allclose(s["motion"].numpy(), pose_motion(ee[[0, 3, 6]]), atol=1e-6)
     np.testing.assert_allclose(s["actions"].numpy(), acts[:6].reshape(2, 21), atol=1e-6)
     with pytest.raises(ConfigError, match="motion_key"):
