@@ -12,9 +12,11 @@ Observation (``gymnasium.spaces.Dict``):
     ``proprio``      (15,) float32, world frame:
                      [0:3]  end-effector (grip site) position, metres;
                      [3:6]  end-effector orientation, axis-angle (radians) of robosuite's
-                            ``robot0_eef_quat``;
+                            ``robot0_eef_quat`` as robosuite's ``quat2axisangle`` computes it (angle
+                            ``2 acos(w)`` in [0, 2 pi]): LIBERO's ``ee_ori``, openpi's and LeRobot's state;
                      [6:8]  gripper finger joint positions, metres (about +-0.04 open, 0 closed);
                      [8:15] arm joint positions, radians.
+                     ``proprio[0:8]`` is openpi's / LeRobot's LIBERO ``observation/state`` (``sim.libero.openpi``).
 
 Mapping to LIBERO's demonstration files (``data/demo_<i>/obs/<key>``, see ``sim.libero.demos``):
     ``agentview_rgb``  = ``image[::-1, ::-1]``, rotated back (LIBERO stores the raw OpenGL-order frame;
@@ -46,6 +48,7 @@ rollout.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -85,16 +88,21 @@ _MJ_BAD_STATE_WARNINGS = ("mjWARN_BADQPOS", "mjWARN_BADQVEL", "mjWARN_BADQACC", 
 
 
 def _axis_angle_from_quat_xyzw(q: np.ndarray) -> np.ndarray:
-    """Axis-angle (3,) from a unit quaternion (x, y, z, w), angle in [0, pi]."""
+    """Axis-angle (3,) from a quaternion (x, y, z, w), as robosuite's ``transform_utils.quat2axisangle``.
+
+    ``xyz / sqrt(1 - w^2) * 2 acos(w)``, angle in [0, 2 pi], zeros when ``sqrt(1 - w^2)`` is 0. That is
+    LIBERO's ``ee_ori`` and the state of openpi's and LeRobot's LIBERO observations. The sign of ``q``
+    matters: ``q = (u sin(t/2), cos(t/2))`` gives ``u t`` and ``-q`` (the same rotation) ``-u (2 pi - t)``. The
+    LIBERO gripper points down, so ``w`` is near 0 and its sign differs between init states (negative at init
+    state 0 of libero_spatial/0); this formula is continuous across ``w = 0`` (the angle passes through pi).
+    Before 2026-12 ``q`` was first made ``w >= 0``, which gave ``-u (2 pi - t)`` where this gives ``u t`` (t > pi).
+    """
     q = np.asarray(q, dtype=np.float64)
-    q = q / max(np.linalg.norm(q), 1e-12)
-    if q[3] < 0:
-        q = -q
-    sin_half = np.linalg.norm(q[:3])
-    if sin_half < 1e-12:
+    w = min(max(float(q[3]), -1.0), 1.0)
+    den = math.sqrt(1.0 - w * w)
+    if den == 0.0:  # robosuite's math.isclose(den, 0.0): relative tolerance only, so exactly 0
         return np.zeros(3)
-    angle = 2.0 * np.arctan2(sin_half, q[3])
-    return q[:3] / sin_half * angle
+    return (q[:3] * 2.0 * math.acos(w)) / den
 
 
 def _axis_angle_from_matrix(r: np.ndarray) -> np.ndarray:
