@@ -31,6 +31,11 @@ class BCConfig:
     action expert of pi0 and flow-matching policies): a velocity network on (noisy chunk, time, features) is
     integrated from Gaussian noise with ``flow_steps`` Euler steps, so demonstrations that do one thing two
     ways (grasp this rim or that one) give one of the ways instead of their average.
+
+    ``image_convention`` is the convention of the frames the model was trained on (``core.data.image_convention``;
+    ``"rot180"`` for LIBERO data), filled in from the dataset like ``action_dim``; None when the data states none.
+    In closed loop ``load_policy`` converts an env's frames to it. A checkpoint from before the field existed has no
+    such key in its config.json; on a LIBERO env it is read as ``"flipud"``, the frames it was trained on.
     """
 
     image_key: str = "image"
@@ -53,6 +58,7 @@ class BCConfig:
     n_action_steps: int = 4
     action_dim: int = 0
     proprio_dim: int = 0
+    image_convention: str | None = None
 
     def __post_init__(self):
         if not self.channels or any(c < 1 for c in self.channels):
@@ -71,6 +77,13 @@ class BCConfig:
             raise ConfigError(f"model.flow_steps must be >= 1, got {self.flow_steps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.image_convention is not None:
+            from core.data.image_convention import check
+
+            try:
+                check(self.image_convention)
+            except ConfigError as e:
+                raise ConfigError(f"model.image_convention: {e}") from None
 
     @property
     def proprio_keys(self) -> list[str]:

@@ -122,7 +122,8 @@ def train(cfg) -> dict[str, Any]:
                                 cache=data_cfg.cache)
     sample = dataset[0]
     model_cfg = dataclasses.replace(model_cfg, action_dim=int(sample["actions"].shape[-1]),
-                                    proprio_dim=sum(int(sample[f"obs.{k}"].shape[-1]) for k in model_cfg.proprio_keys))
+                                    proprio_dim=sum(int(sample[f"obs.{k}"].shape[-1]) for k in model_cfg.proprio_keys),
+                                    image_convention=data_image_convention(dataset, model_cfg.image_convention))
     texts, embeddings = None, None
     if model_cfg.language:
         texts = task_texts(dataset)
@@ -144,6 +145,47 @@ def train(cfg) -> dict[str, Any]:
                      collate_fn=_collate).fit()
     log.info("trained on %d windows from %d episodes; final %s", len(dataset), len(dataset.episodes), result["metrics"])
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
+
+
+def data_image_convention(dataset, configured: str | None) -> str | None:
+    """The convention of the frames the model trains on, for its config: the dataset's (``rot180`` for LIBERO
+    data), else ``configured`` (``model.image_convention``, for data that states none).
+
+    Raises:
+        ConfigError: ``configured`` contradicts what the data states.
+    """
+    from core.data.image_convention import same
+    from core.errors import ConfigError
+
+    found = dataset.image_convention
+    if found is not None and configured is not None and not same(found, configured):
+        raise ConfigError(f"model.image_convention={configured!r}, but the data's frames are in {found!r} "
+                          "(leave it unset: it is read from the data)")
+    return found or configured
+
+
+def trained_image_convention(model, env_metadata: dict[str, Any]) -> str | None:
+    """The convention of the frames a loaded checkpoint was trained on: its config's ``image_convention``; for a
+    checkpoint from before the field (no such key in config.json) on a LIBERO env, ``"flipud"``, what the LIBERO
+    env and the loader gave then; otherwise None (unknown: frames are passed as the env gives them)."""
+    section = ((getattr(model, "loaded_from", None) or {}).get("config") or {}).get("model") or {}
+    if "image_convention" in section:
+        return model.config.image_convention
+    return "flipud" if env_metadata.get("family") == "libero" else None
+
+
+class ConvertImages:
+    """Observation adapter: the env's image keys from the env's convention to the checkpoint's, then ``then``
+    (the env's ``demo_obs`` for a policy trained on demo files) if given. Picklable when ``then`` is."""
+
+    def __init__(self, keys, src: str, dst: str, then=None):
+        self.keys, self.src, self.dst, self.then = frozenset(keys), src, dst, then
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from core.data.image_convention import convert
+
+        obs = {k: convert(v, self.src, self.dst) if k in self.keys else v for k, v in obs.items()}
+        return self.then(obs) if self.then is not None else obs
 
 
 def load_text_encoder(path: str | None):
@@ -211,9 +253,19 @@ def load_policy(checkpoint: str | Path, env: Any):
     adapter, sources = None, {k: k for k in wanted}
     if not set(wanted) <= env_keys and set(wanted) <= set(getattr(base, "demo_obs_sources", {})):
         adapter, sources = base.demo_obs, {k: base.demo_obs_sources[k] for k in wanted}  # trained on demo files
+    metadata = getattr(base, "metadata", None) or getattr(env, "metadata", None) or {}
+    env_convention, trained = metadata.get("image_convention"), trained_image_convention(model, metadata)
+    if env_convention and trained:
+        from core.data.image_convention import same
+
+        if not same(env_convention, trained):  # e.g. a checkpoint trained on the old flipud LIBERO frames
+            spaces = getattr(env.observation_space, "spaces", {}) or {}
+            images = [k for k, sp in spaces.items() if len(getattr(sp, "shape", None) or ()) == 3]
+            adapter = ConvertImages(images, env_convention, trained, then=adapter)
+            log.info("the env gives %s frames, the checkpoint was trained on %s: converting", env_convention, trained)
     text = None
     if c.language:
-        text = instruction_embedding(model, getattr(base, "metadata", None) or getattr(env, "metadata", {}))
+        text = instruction_embedding(model, metadata)
     policy = BCPolicy(model, space.low, space.high, text=text, obs_adapter=adapter)
     # what the weights were built for, in the env's keys; sim.rollout refuses an env of other spaces first
     side = c.image_size if adapter is not None else None  # demo-file policies: render at the trained size

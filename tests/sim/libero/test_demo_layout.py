@@ -142,6 +142,7 @@ def test_bc_trains_on_a_hand_written_libero_file(tmp_path):
     assert rows[-1]["step"] == 4 and np.isfinite(rows[-1]["loss"])
     model = load_checkpoint(out)["config"]["model"]
     assert model["action_dim"] == 7 and model["proprio_dim"] == 6  # dims resolved from the LIBERO file
+    assert model["image_convention"] == "rot180"  # the frames it trained on, for closed loop to match
     assert path.read_bytes() == before  # the user's file is read-only to training
 
 
