@@ -7,7 +7,8 @@ action space (``head="l1"``), or a flow-matching MLP that samples the chunk (``h
 Its role here is the workspace's reference method (the pattern method folders follow); the
 LAC-WM / EAC-WM planners draw their candidates from the scripted expert and random walks, not from it.
 
-Frames: ``image`` is (B, 3, H, W) uint8 RGB, upright; ``proprio`` (B, P) float32 as the env documents;
+Frames: ``image`` is (B, 3, H, W) uint8 RGB, in the layout the config's ``image_convention`` names (LIBERO:
+``rot180``, the raw render rotated 180 degrees, as openpi and LeRobot; else upright); ``proprio`` (B, P) float32 as the env documents;
 actions are in the env's action space (units in ``env.metadata["action_space_desc"]``).
 """
 
