@@ -212,21 +212,10 @@ def _reason(e: BaseException) -> str:
 
 
 def latency_summary(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-step policy time over episodes (``episode_stats`` of ``sim.remote``'s probes), or {} without any.
+    """Per-step policy time over episodes: ``sim.remote.latency_summary``."""
+    from sim.remote import latency_summary as summary
 
-    ``latency_ms_mean`` weighs every request alike, ``latency_ms_p50`` is the median of the episodes' medians,
-    ``latency_ms_p99`` the 99th percentile of their 99th percentiles, ``held_steps`` the steps (real time) that held
-    the last action while a request was in flight.
-    """
-    rows = [r for r in stats if r.get("requests") and "latency_ms_p50" in r]
-    if not rows:
-        return {}
-    n = sum(int(r["requests"]) for r in rows)
-    return {"requests": n,
-            "latency_ms_mean": float(sum(r["latency_ms_mean"] * r["requests"] for r in rows) / n),
-            "latency_ms_p50": float(np.median([r["latency_ms_p50"] for r in rows])),
-            "latency_ms_p99": float(np.percentile([r["latency_ms_p99"] for r in rows], 99)),
-            "held_steps": int(sum(int(r.get("held_steps", 0)) for r in rows))}
+    return summary(stats)
 
 
 def _probed(env, factory: Callable) -> Any:

@@ -116,14 +116,9 @@ def _add_drive(sub) -> None:
     e.add_argument("--policy", required=True,
                    help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT | "
                         "ws://HOST:PORT (a policy served over openpi's websocket protocol, e.g. `embodied serve`)")
-    e.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
-                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
-    e.add_argument("--replan-steps", type=_positive_int, default=None, metavar="K", dest="replan_steps",
-                   help="ws:// (or --realtime with a chunk policy): execute K actions of each chunk, then ask again "
-                        "(default: the server's replan_steps, else the whole chunk)")
-    e.add_argument("--realtime", action="store_true",
-                   help="simulated real time: each request's latency costs control periods (0.2 s) in which the car "
-                        "goes on with the current plan, then holds its last action; latency is reported")
+    from sim.remote import add_remote_arguments
+
+    add_remote_arguments(e, _positive_int, "0.2 s")
     e.add_argument("--scenario", default="highway",
                    help="highway | merge | roundabout | intersection | racetrack | all "
                         "(default: %(default)s)")

@@ -32,12 +32,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="scripted",
                    help="scripted | random | path to a checkpoint | ws://HOST:PORT (a policy served over openpi's "
                         "websocket protocol, e.g. by `embodied serve`)")
-    p.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
-                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
-    p.add_argument("--replan-steps", type=int, default=None, metavar="K", dest="replan_steps",
-                   help="ws://: execute K actions of each returned chunk (default: the server's replan_steps)")
-    p.add_argument("--realtime", action="store_true",
-                   help="simulated real time: each request's latency costs the env's control periods")
+    from sim.remote import add_remote_arguments
+
+    add_remote_arguments(p, int, "the env's")
     p.add_argument("--episodes", type=int, default=10, help="number of episodes")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--num-envs", type=int, default=1, help="sub-environments stepped together")

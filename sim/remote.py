@@ -42,7 +42,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +322,37 @@ def remote_factory(url: str, api_key_file: str | Path | None = None, replan_step
         raise ConfigError(f"--replan-steps must be >= 1, got {replan_steps}")
     return functools.partial(remote_policy, url=url, api_key_file=None if api_key_file is None else str(api_key_file),
                              replan_steps=replan_steps, realtime=realtime, server_wait_s=server_wait_s)
+
+
+def add_remote_arguments(parser: Any, positive_int: Callable[[str], int], period: str) -> None:
+    """The flags every closed loop takes for a served policy or simulated real time (``period``: the env's control
+    period, for the help text): ``--api-key-file``, ``--replan-steps``, ``--realtime``."""
+    parser.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
+                        help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
+    parser.add_argument("--replan-steps", type=positive_int, default=None, metavar="K", dest="replan_steps",
+                        help="execute K actions of each returned chunk, then ask again (default: the server's "
+                             "replan_steps, else the whole chunk; openpi's LIBERO example uses 5)")
+    parser.add_argument("--realtime", action="store_true",
+                        help=f"simulated real time: each request's latency costs control periods ({period}) in which "
+                             "the simulator goes on with the current chunk, then holds its last action")
+
+
+def latency_summary(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Request latency over episodes (their policies' ``episode_stats``), or {} when none reports it.
+
+    ``latency_ms_mean`` weighs every request alike; ``latency_ms_p50`` is the median of the episodes' medians and
+    ``latency_ms_p99`` the 99th percentile of their 99th percentiles; ``held_steps`` counts the steps (real time) that
+    held the last action while a request was in flight.
+    """
+    rows = [r for r in stats if isinstance(r, Mapping) and r.get("requests") and "latency_ms_p50" in r]
+    if not rows:
+        return {}
+    n = sum(int(r["requests"]) for r in rows)
+    return {"requests": n,
+            "latency_ms_mean": float(sum(r["latency_ms_mean"] * r["requests"] for r in rows) / n),
+            "latency_ms_p50": float(np.median([r["latency_ms_p50"] for r in rows])),
+            "latency_ms_p99": float(np.percentile([r["latency_ms_p99"] for r in rows], 99)),
+            "held_steps": int(sum(int(r.get("held_steps", 0)) for r in rows))}
 
 
 # ------------------------------------------------------------------------------------ in-process real time

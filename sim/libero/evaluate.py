@@ -84,7 +84,7 @@ from core.errors import ConfigError, DataError, EmbodiedError
 from core.io import write_json, write_text
 from sim.api import INFO_FAILURE, INFO_SUCCESS, is_batched, policy_expects
 from sim.libero.suites import MAX_EPISODE_STEPS, SUITES, LiberoTask, list_tasks, normalize_suite
-from sim.remote import is_remote, realtime_factory, remote_factory
+from sim.remote import add_remote_arguments, is_remote, latency_summary, realtime_factory, remote_factory
 
 COMMAND = "libero eval"
 EPISODES_FILE = "episodes.jsonl"
@@ -794,25 +794,6 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"per_task": per_task, "per_group": per_group, "overall": overall}
 
 
-def latency_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Request latency over the episodes whose policy reports it (served or ``--realtime`` policies), else {}.
-
-    ``latency_ms_mean`` weighs every request alike; ``latency_ms_p50`` is the median of the episodes' medians and
-    ``latency_ms_p99`` the 99th percentile of their 99th percentiles; ``held_steps`` counts the steps that held the
-    last action while a request was in flight (real time).
-    """
-    rows = [r["policy_stats"] for r in records if isinstance(r.get("policy_stats"), Mapping)
-            and r["policy_stats"].get("requests") and "latency_ms_p50" in r["policy_stats"]]
-    if not rows:
-        return {}
-    n = sum(int(r["requests"]) for r in rows)
-    return {"requests": n,
-            "latency_ms_mean": float(sum(r["latency_ms_mean"] * r["requests"] for r in rows) / n),
-            "latency_ms_p50": float(np.median([r["latency_ms_p50"] for r in rows])),
-            "latency_ms_p99": float(np.percentile([r["latency_ms_p99"] for r in rows], 99)),
-            "held_steps": int(sum(int(r.get("held_steps", 0)) for r in rows))}
-
-
 # ------------------------------------------------------------------------------------------- reports
 def stdout_table(info: Mapping[str, Any], tasks: bool | None = None) -> str:
     """The per-suite table (and the per-task one when ``tasks``, default: at most 10 tasks), success in %."""
@@ -1025,7 +1006,7 @@ def _evaluate_in(out: Path, plan: list[tuple[LiberoTask, list[int]]], settings: 
         per_episode = sorted(records.values(), key=lambda r: (SUITES.index(r["suite"]) if r["suite"] in SUITES
                                                               else len(SUITES), r["task_index"], r["init_state_id"]))
         info = aggregate(per_episode)
-        latency = latency_summary(per_episode)
+        latency = latency_summary([r.get("policy_stats") for r in per_episode])
         if latency:
             info["overall"]["latency"] = latency
         eval_s = time.perf_counter() - t0
@@ -1049,14 +1030,7 @@ def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negati
     p.add_argument("--policy", required=True,
                    help="expert | scripted | random | CHECKPOINT | ws://HOST:PORT (a policy served over openpi's "
                         "protocol: `embodied serve`, openpi's serve_policy.py, ...)")
-    p.add_argument("--api-key-file", default=None, metavar="F", dest="api_key_file",
-                   help="ws:// only: send the key in F as `Authorization: Api-Key KEY`")
-    p.add_argument("--replan-steps", type=positive_int, default=None, metavar="K", dest="replan_steps",
-                   help="execute K actions of each returned chunk, then ask again (default: the server's "
-                        "replan_steps, else the whole chunk; openpi's LIBERO example uses 5)")
-    p.add_argument("--realtime", action="store_true",
-                   help="simulated real time: each request's latency costs control periods (0.05 s) in which the "
-                        "simulator goes on with the current chunk, then holds its last action")
+    add_remote_arguments(p, positive_int, "0.05 s")
     p.add_argument("--episodes-per-task", type=positive_int, default=50, dest="episodes_per_task",
                    help="episode k starts from LIBERO's init state k; at most 50 (default: %(default)s, all)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="K",

@@ -14,8 +14,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from gymnasium import spaces
 
+from tests.worldmodels.test_bc_libero import _LiberoLikeEnv  # what load_policy sees of a LiberoEnv
 from worldmodels.bc.configuration_bc import BCConfig
 from worldmodels.bc.modeling_bc import BCPolicyModel
 
@@ -28,22 +28,6 @@ def _raw(seed: int = 0) -> np.ndarray:
     img = np.random.default_rng(seed).integers(0, 200, (16, 16, 3), dtype=np.uint8)
     img[0, :4] = 255  # a bright mark near one corner
     return img
-
-
-class _LiberoLikeEnv:
-    """What load_policy sees of a LiberoEnv (its spaces, metadata and the demo-key mapping)."""
-
-    def __init__(self, metadata: dict):
-        from sim.libero.env import LiberoEnv
-
-        self.observation_space = spaces.Dict({"image": spaces.Box(0, 255, (16, 16, 3), np.uint8),
-                                              "wrist_image": spaces.Box(0, 255, (16, 16, 3), np.uint8),
-                                              "proprio": spaces.Box(-np.inf, np.inf, (15,), np.float32)})
-        self.action_space = spaces.Box(-1, 1, (7,), np.float32)
-        self.metadata = metadata
-        self.spec = None
-        self.demo_obs_sources = LiberoEnv.demo_obs_sources
-        self.demo_obs = LiberoEnv.demo_obs
 
 
 LIBERO = {"family": "libero", "image_convention": "rot180", "language_instruction": "pick up the bowl"}
