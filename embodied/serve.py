@@ -57,6 +57,31 @@ class LiberoWire:
 
         return env_observation(request, self.image_size, self.wrist)
 
+    def instruction(self, request: Mapping[str, Any]) -> list[str] | None:
+        """The request's ``prompt`` and, when it is a LIBERO task's benchmark text, that task's BDDL text.
+
+        A policy trained on LIBERO's demo files knows the task by the latter, as ``load_policy`` finds it in process.
+        """
+        prompt = request.get("prompt")
+        if not isinstance(prompt, str):
+            return None
+        bddl = _libero_bddl_texts().get(" ".join(prompt.lower().split()).rstrip("."))
+        return [prompt, bddl] if bddl else [prompt]
+
+
+def _libero_bddl_texts() -> dict[str, str]:
+    """LIBERO benchmark instruction (compared by words) -> its BDDL text, over the five suites (built once)."""
+    global _BDDL_TEXTS
+    if _BDDL_TEXTS is None:
+        from sim.libero.suites import SUITES, list_tasks
+
+        _BDDL_TEXTS = {" ".join(t.language.lower().split()).rstrip("."): t.bddl_language
+                       for suite in SUITES for t in list_tasks(suite)}
+    return _BDDL_TEXTS
+
+
+_BDDL_TEXTS: dict[str, str] | None = None
+
 
 class EnvKeyWire:
     """``observation/<key>`` of the env's own observation keys (driving, the manipulation suite)."""
@@ -100,7 +125,9 @@ class ChunkBackend:
         """One reply (``actions``: a chunk) per request, in order."""
         rows = [self.wire.env_observation(o) for o in observations]
         batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-        prompts = [str(o["prompt"]) if isinstance(o.get("prompt"), str) else None for o in observations]
+        instruction = getattr(self.wire, "instruction", None)
+        prompts = [instruction(o) if instruction else (o["prompt"] if isinstance(o.get("prompt"), str) else None)
+                   for o in observations]
         chunks = np.asarray(self.policy.action_chunk_batch(batch, instructions=prompts), dtype=np.float32)
         return [{"actions": chunks[i]} for i in range(len(rows))]
 

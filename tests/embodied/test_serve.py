@@ -26,7 +26,8 @@ EMBODIED = [sys.executable, "-m", "embodied"]
 
 def _bc_checkpoint(folder: Path) -> Path:
     """A tiny language-conditioned LIBERO BC (agent view + wrist at 32 px, ee_states + gripper), random weights, whose
-    task table holds libero_spatial task 0's instruction."""
+    task table holds libero_spatial task 0's BDDL text, as one trained on LIBERO's demo files does (the openpi
+    client sends the benchmark text: the server must find the same embedding as the policy in process)."""
     from sim.libero.suites import get_task
     from worldmodels.bc.configuration_bc import BCConfig
     from worldmodels.bc.modeling_bc import BCPolicyModel
@@ -34,7 +35,7 @@ def _bc_checkpoint(folder: Path) -> Path:
     task = get_task(SUITE, 0)
     cfg = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=32, horizon=8, n_action_steps=5, image_size=32,
                    image_key="agentview_rgb", wrist_image_key="eye_in_hand_rgb", proprio_key="ee_states",
-                   extra_proprio_keys=["gripper_states"], language=True, task_texts=[task.language, "stack the bowls"],
+                   extra_proprio_keys=["gripper_states"], language=True, task_texts=[task.bddl_language, "stack the bowls"],
                    text_dim=6, action_dim=7, proprio_dim=8, dropout=0.0, image_convention="rot180")
     torch.manual_seed(0)
     model = BCPolicyModel(cfg)

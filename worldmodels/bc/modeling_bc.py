@@ -358,14 +358,15 @@ class BCPolicy:
         return self._clip(self._predict(obs, slice(None))[0])
 
     @torch.no_grad()
-    def action_chunk_batch(self, obs: dict[str, np.ndarray], instructions: Sequence[str | None] | None = None
-                           ) -> np.ndarray:
+    def action_chunk_batch(self, obs: dict[str, np.ndarray],
+                           instructions: Sequence[str | Sequence[str] | None] | None = None) -> np.ndarray:
         """(K, horizon, A) float32: the whole chunks for K observations in ONE forward, clipped like ``act``.
 
         The policy-server hook (``sim.api``): no queue is touched, so the K rows may come from K different
         clients. ``instructions`` gives row ``i``'s instruction for a language-conditioned model (None or a None
-        row: the instruction the policy was built with); a text the checkpoint was trained on uses its stored
-        embedding, any other is encoded once with the model's text encoder and kept.
+        row: the instruction the policy was built with), or several names of it (LIBERO's benchmark text and its
+        BDDL text): the first the checkpoint was trained on uses its stored embedding, as ``load_policy`` does in
+        process; when none was, the first is encoded once with the model's text encoder and kept.
         """
         obs = {k: np.asarray(v) for k, v in obs.items()}
         if self.obs_adapter is not None:
@@ -379,21 +380,24 @@ class BCPolicy:
             text = torch.stack(rows).to(self.device)
         return self._clip(self._predict(obs, slice(None), text=text))
 
-    def _embedding(self, text: str | None) -> torch.Tensor:
-        """(text_dim,) embedding of one instruction (see ``action_chunk_batch``)."""
-        if text is None or not str(text).strip():
+    def _embedding(self, names: str | Sequence[str] | None) -> torch.Tensor:
+        """(text_dim,) embedding of one instruction, given as one or several names (see ``action_chunk_batch``)."""
+        names = [names] if isinstance(names, str) or names is None else list(names)
+        names = [str(t) for t in names if t is not None and str(t).strip()]
+        if not names:
             if self.text is None:
                 raise ValueError("this BC model is language-conditioned: the request carries no instruction")
             return self.text[0]
         cache = self.__dict__.setdefault("_text_cache", {})
+        text = tuple(names)
         if text not in cache:
-            i = self.model.task_index(text)
+            i = next((j for j in map(self.model.task_index, names) if j is not None), None)
             if i is not None:
                 cache[text] = torch.as_tensor(self.model.task_embeddings[i], dtype=torch.float32).reshape(-1)
             else:
                 from worldmodels.bc.task import load_text_encoder
 
-                vec = load_text_encoder(self.model.config.text_encoder).encode([str(text)])[0]
+                vec = load_text_encoder(self.model.config.text_encoder).encode([names[0]])[0]
                 cache[text] = torch.as_tensor(vec, dtype=torch.float32).reshape(-1)
         return cache[text].to(self.device)
 
