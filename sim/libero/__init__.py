@@ -16,6 +16,8 @@ Modules:
     record         successful expert episodes per task, in that layout (``embodied libero record``)
     evaluate       the benchmark protocol (``embodied libero eval``): 50 init states per task, workers,
                    resume, ``eval_info.json`` with Wilson intervals, videos, an HTML page
+    openpi         openpi's LIBERO example observation (224 px rot180 frames, 8-D state, prompt) both ways,
+                   for served policies (``embodied serve``, ``--policy ws://``)
 
 Rendering and the learning stack: importing triton (``import timm``, ``torch._dynamo``,
 ``torch.compile``) AFTER an EGL render context exists segfaults the process (Mesa llvmpipe and
