@@ -64,6 +64,7 @@ import numpy as np
 from core.checkpoint import build_policy, takes_checkpoint_first
 from core.errors import ConfigError, EmbodiedError
 from core.io import write_json, write_text
+from sim.remote import latency_summary
 
 BUILTIN_POLICIES = ("idm", "constant", "random")
 ALL_SCENARIOS = ("highway", "merge", "roundabout", "intersection", "racetrack")
@@ -209,13 +210,6 @@ def _reason(e: BaseException) -> str:
         print(f"drive eval: server: {one_line(e)}; the episode fails and the next one reconnects", file=sys.stderr)
         return f"server: {one_line(e)}"
     return f"policy raised {one_line(e)}"
-
-
-def latency_summary(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-step policy time over episodes: ``sim.remote.latency_summary``."""
-    from sim.remote import latency_summary as summary
-
-    return summary(stats)
 
 
 def _probed(env, factory: Callable) -> Any:
@@ -490,16 +484,16 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     fields = set(EpisodeMetrics.__dataclass_fields__)
     all_rows = [r for res in results.values() for r in res["episodes"]]
     overall = aggregate(EpisodeMetrics(**{k: v for k, v in r.items() if k in fields}) for r in all_rows)
+    latency = latency_summary([s for r in results.values() for s in r["latency_stats"]])
     report = {"policy": label, "policy_args": policy_args, "seed": seed, "n_episodes": episodes,
               "env_id": results[names[0]]["env_id"] if len(names) == 1 else "all",
               "scenarios": results, "aggregate": overall, "episodes": all_rows, "realtime": realtime,
-              "latency": latency_summary([s for r in results.values() for s in r["latency_stats"]])}
+              "latency": latency}
     write_json(out / "summary.json", {
         "policy": label, "policy_args": policy_args, "seed": seed, "episodes": episodes,
         "scenarios": {n: {"env_id": r["env_id"], "aggregate": r["aggregate"], "latency": r["latency"],
                           "videos": [c["path"] for c in r["videos"]]} for n, r in results.items()},
-        "overall": overall, "realtime": realtime,
-        "latency": latency_summary([s for r in results.values() for s in r["latency_stats"]]),
+        "overall": overall, "realtime": realtime, "latency": latency,
     })
     from driving.report import write_reports
 

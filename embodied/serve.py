@@ -186,16 +186,15 @@ def _make_env(env_id: str, **kwargs: Any) -> Any:
     return gym.make(env_id, **kwargs)
 
 
-def _checkpoint_env_id(path: Path) -> str | None:
+def _checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
+    """(resolved checkpoint, its ``config.json``) of a policy checkpoint folder (one-line errors)."""
+    from core.io import read_json
     from core.pretrained import method_entry
     from core.registry import POLICIES
 
     ckpt, _ = method_entry(path, POLICIES, "policy for closed-loop rollouts")
-    from core.io import read_json
-
     cfg = read_json(Path(ckpt) / "config.json") if (Path(ckpt) / "config.json").is_file() else {}
-    env = cfg.get("env") if isinstance(cfg, dict) else None
-    return env.get("id") if isinstance(env, dict) else None
+    return Path(ckpt), cfg if isinstance(cfg, dict) else {}
 
 
 def build_backend(policy: str, env_id: str | None = None, policy_args: Mapping[str, Any] | None = None) -> Any:
@@ -231,7 +230,8 @@ def build_backend(policy: str, env_id: str | None = None, policy_args: Mapping[s
     elif path.exists():
         from sim.libero.evaluate import resolve_policy as libero_resolve
 
-        env_id = env_id or _checkpoint_env_id(path)
+        ckpt, cfg = _checkpoint(path)
+        env_id = env_id or (cfg.get("env") or {}).get("id")
         if env_id is None:
             raise ConfigError(f"{policy}: its config names no env; pass --env ENV_ID")
         if env_id.startswith("embodied/Drive-"):
@@ -240,13 +240,7 @@ def build_backend(policy: str, env_id: str | None = None, policy_args: Mapping[s
             factory, label = resolve_policy(str(path), kwargs)
         else:
             factory, label, _ = libero_resolve(str(path))
-        from core.io import read_json
-        from core.pretrained import method_entry
-        from core.registry import POLICIES
-
-        ckpt, _ = method_entry(path, POLICIES, "policy for closed-loop rollouts")
-        method = (read_json(Path(ckpt) / "config.json") or {}).get("method")
-        checkpoint = str(Path(ckpt).resolve())
+        method, checkpoint = cfg.get("method"), str(ckpt.resolve())
     else:
         raise ConfigError(f"{policy!r}: neither a checkpoint folder nor a policy name (automot, noreason, random)")
 
