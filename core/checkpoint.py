@@ -290,39 +290,67 @@ def prune_checkpoints(checkpoints_dir: str | Path, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-_CHECKPOINT_FIRST = ("checkpoint", "checkpoint_dir", "ckpt", "ckpt_dir", "path")
+# ----------------------------------------------------------------------------------------------
+# A checkpoint's method: its config, its registry entries, its policy
 
 
-def takes_checkpoint_first(factory: Any) -> bool:
-    """Whether a policy factory is ``(checkpoint, env, ...)`` rather than ``(env, checkpoint=None, **options)``.
-
-    True when its first parameter is named checkpoint / checkpoint_dir / ckpt / ckpt_dir / path.
-    """
-    import inspect
-
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """``config.json`` of a checkpoint / exported folder, with a one-line error when missing or corrupt."""
+    path = Path(directory) / CONFIG_FILE
     try:
-        params = list(inspect.signature(factory).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return bool(params) and params[0].name in _CHECKPOINT_FIRST
+        config = read_json(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file (not an exported model or checkpoint)") from None
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return config
 
 
-def build_policy(factory: Any, checkpoint: str | Path, env: Any, **options: Any) -> Any:
-    """Call a registered policy factory with a checkpoint, whichever of the two conventions it follows."""
-    if takes_checkpoint_first(factory):
-        return factory(checkpoint, env, **options)
-    return factory(env, checkpoint=str(checkpoint), **options)
+def method_entry(path: str | Path, registry: Any, what: str) -> tuple[Path, Any]:
+    """(resolved checkpoint, ``registry``'s entry for the method its ``config.json`` names).
 
-
-def load_policy(path: str | Path, env: Any) -> Any:
-    """Build a ``sim.api.Policy`` from a checkpoint, through the method named in its config.
-
-    Methods that can act register a factory in ``core.registry.POLICIES`` under their method name, either
-    ``(checkpoint_dir, env) -> Policy`` or ``(env, checkpoint=None, **options) -> Policy`` (a policy that also
-    runs by name, e.g. from a shipped checkpoint: ``embodied drive eval --policy automot``).
+    ``what`` names the entry kind in the one-line error when the method registers none (e.g. "model class").
     """
-    from core.pretrained import method_entry
+    from core.registry import load_plugins
+
+    load_plugins()
+    try:
+        ckpt = resolve_checkpoint(path)
+    except CheckpointError:
+        # a run folder of a method whose trained artefact is its own folder format (e.g. AutoMoT's policy/, a
+        # Deep-VRM detector): its resolved run config names the method, which knows how to read the rest
+        if not (Path(path) / CONFIG_FILE).is_file():
+            raise
+        ckpt = Path(path)
+    method = read_config(ckpt).get("method")
+    if not method:
+        raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method, so no {what} can be built from it")
+    if method not in registry:
+        raise CheckpointError(f"{ckpt}: method {method!r} registers no {what} (known: {', '.join(registry.names())})")
+    return ckpt, registry.get(method)
+
+
+def load_policy(path: str | Path, env: Any, **options: Any) -> Any:
+    """A ``sim.api.Policy`` ready to act in ``env``, from a checkpoint, through the method named in its config.
+
+    Methods that can act register a factory in ``core.registry.POLICIES`` under their method name, with the one
+    signature ``factory(env, checkpoint=None, **options) -> Policy`` (``checkpoint=None``: the policy by name, e.g. a
+    shipped checkpoint, ``embodied drive eval --policy automot``; a factory that needs one says so in one line).
+    This calls it as ``factory(env, checkpoint=CKPT, **options)``.
+    """
     from core.registry import POLICIES
 
     ckpt, factory = method_entry(path, POLICIES, "policy for closed-loop rollouts")
-    return build_policy(factory, ckpt, env)
+    return factory(env, checkpoint=ckpt, **options)
+
+
+def require_checkpoint(checkpoint: str | Path | None, policy: str) -> Path:
+    """``checkpoint`` as a path, for a policy factory that has no default: ``None`` is a one-line ``ConfigError``."""
+    if checkpoint is None:
+        from core.errors import ConfigError
+
+        raise ConfigError(f"policy {policy!r} is built from a trained checkpoint: pass the checkpoint folder "
+                          "(e.g. --policy CKPT)")
+    return Path(checkpoint)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Sequence
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -565,21 +566,41 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
     return f"config error: {lines[-1] if lines else type(e).__name__}{place}"
 
 
-def from_dict_strict(cls: type, values: dict[str, Any], what: str) -> Any:
-    """``cls(**values)`` for a dataclass, where an unknown key is a one-line ``ConfigError``.
+def from_dict_strict(cls: type, values: Mapping[str, Any], what: str, *,
+                     error: type[Exception] = ConfigError) -> Any:
+    """Build dataclass ``cls`` from a plain dict, recursing into fields typed as a dataclass; strict.
 
-    The error names the key (and the closest field) instead of a ``TypeError``; ``what`` names the config in
-    the message.
+    The workspace's one dict -> dataclass (``core.pretrained.dataclass_from_dict`` is this with
+    ``CheckpointError``). An unknown key is not dropped nor a ``TypeError``: it is a one-line ``error``
+    naming the key, the class and the closest field, e.g. ``model: unknown config key(s) ['hiden'] for
+    ToyConfig (did you mean 'hidden'?)``.
+
+    Args:
+        cls: The dataclass.
+        values: Its fields by name (a nested dict for a field typed as a dataclass).
+        what: Names the dict in the message (``model``; a nested one ``model.inner``).
+        error: The exception class raised.
     """
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in values if k not in known]
+    if not isinstance(values, Mapping):
+        raise error(f"{what}: expected a mapping for {cls.__name__}, got {type(values).__name__}")
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted((k for k in values if k not in known), key=str)
     if unknown:
-        hints = []
-        for k in unknown:
-            close = difflib.get_close_matches(str(k), known, n=1)
-            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"unknown {what} config key(s): {', '.join(hints)}")
-    return cls(**values)
+        close = {k: difflib.get_close_matches(str(k), known, n=1) for k in unknown}
+        hints = [f"{c[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "") for k, c in close.items() if c]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+        raise error(f"{what}: unknown config key(s) {unknown} for {cls.__name__}{hint}")
+    try:
+        hints_of = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: build flat
+        hints_of = {}
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints_of.get(name)
+        if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            value = from_dict_strict(hint, value, f"{what}.{name}", error=error)
+        kwargs[name] = value
+    return cls(**kwargs)
 
 
 def choice(key: str, value: Any, options: Sequence[Any]) -> None:

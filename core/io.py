@@ -8,10 +8,11 @@ POSIX within one filesystem).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -118,7 +119,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Atomically write ``obj`` as indented, key-sorted JSON."""
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=to_jsonable) + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -132,12 +133,66 @@ def read_json(path: str | os.PathLike) -> Any:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "tolist"):  # numpy / torch scalars and arrays
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+def to_jsonable(obj: Any, *, nan_to_none: bool = False, default: Callable[[Any], Any] | None = None) -> Any:
+    """``obj`` as plain JSON types: what ``json.loads(json.dumps(obj))`` gives, for more than ``json`` takes.
+
+    Mappings become dicts (keys as ``json`` spells them: ``1`` -> ``"1"``, ``True`` -> ``"true"``, ``None`` ->
+    ``"null"``; other keys ``str``), lists and tuples lists, dataclass instances dicts of their fields, paths
+    strings, numpy / torch scalars and arrays (anything with ``tolist``) numbers and lists; ``str`` / ``int`` /
+    ``float`` subclasses (enums, ``np.float64``) plain ``str`` / ``int`` / ``float``. Dict order is kept.
+
+    Args:
+        obj: The value to convert (not modified).
+        nan_to_none: Turn float NaN into ``None`` (strict JSON's ``null``); else NaN stays (``json`` writes ``NaN``).
+        default: Called on any other value, its result converted in turn (e.g. ``str``); None: ``TypeError``.
+
+    Raises:
+        TypeError: A value of another type and no ``default``, naming the type.
+
+    ``write_json`` uses it as ``json.dumps``'s ``default``, so everything the workspace writes as JSON takes the
+    same types.
+    """
+
+    def walk(o: Any) -> Any:
+        if o is None or isinstance(o, bool):
+            return o
+        if isinstance(o, str):
+            return o if type(o) is str else str.__str__(o)
+        if isinstance(o, int):
+            return o if type(o) is int else int(o)
+        if isinstance(o, float):
+            o = float(o)
+            return None if nan_to_none and o != o else o
+        if isinstance(o, Mapping):
+            return {_json_key(k): walk(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [walk(v) for v in o]
+        if isinstance(o, type):  # a class (even a dataclass, or np.ndarray with its unbound tolist) is no value
+            pass
+        elif dataclasses.is_dataclass(o):
+            return {f.name: walk(getattr(o, f.name)) for f in dataclasses.fields(o)}
+        elif isinstance(o, os.PathLike):
+            return os.fspath(o)
+        elif hasattr(o, "tolist"):  # numpy / torch scalars and arrays
+            return walk(o.tolist())
+        if default is not None:
+            return walk(default(o))
+        raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+    return walk(obj)
+
+
+def _json_key(k: Any) -> str:
+    """A dict key as ``json.dumps`` writes it (keys ``json`` refuses: ``str(k)``)."""
+    if isinstance(k, str):
+        return k if type(k) is str else str.__str__(k)
+    if k is None or isinstance(k, (bool, int, float)):
+        return json.dumps(k)
+    if isinstance(k, os.PathLike):
+        return os.fspath(k)
+    if hasattr(k, "tolist") and not isinstance(k, type) and getattr(k, "ndim", 0) == 0:
+        return _json_key(k.tolist())
+    return str(k)
 
 
 def save_npy(path: str | os.PathLike, arr: Any) -> Path:

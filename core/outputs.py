@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import EmbodiedError
-from core.io import atomic_dir, read_json, write_json
+from core.io import atomic_dir, read_json, to_jsonable, write_json
 
 MARKER = ".embodied-run.json"
 
@@ -185,7 +185,7 @@ def claim_output(path: str | Path, *, command: str, overwrite: bool = False, sta
         marker = run_marker(path) if occupied else None
         if occupied:
             _refuse_foreign(path, marker)
-        same_run = marker is not None and signature is not None and marker.get("signature") == _plain(signature)
+        same_run = marker is not None and signature is not None and marker.get("signature") == to_jsonable(signature)
         if occupied and not overwrite and not (not staged and resume and same_run):
             hint = " or the same config to resume it" if not staged else ""
             what = marker.get("command", "embodied")
@@ -223,7 +223,7 @@ def _in_place(path: Path, command: str, signature: Any, fresh: bool) -> Iterator
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    base = {"command": command, "signature": _plain(signature), "started": started}
+    base = {"command": command, "signature": to_jsonable(signature), "started": started}
     write_json(path / MARKER, {**base, "status": "running"})
     try:
         yield path
@@ -232,15 +232,6 @@ def _in_place(path: Path, command: str, signature: Any, fresh: bool) -> Iterator
         write_json(path / MARKER, {**base, "status": "failed", "error": reason.splitlines()[0] if reason else ""})
         raise
     write_json(path / MARKER, {**base, "status": "finished", "finished": time.time()})
-
-
-def _plain(obj: Any) -> Any:
-    """JSON-comparable form of a signature (what ``write_json`` / ``read_json`` round-trip to)."""
-    import json
-
-    from core.io import _json_default
-
-    return json.loads(json.dumps(obj, default=_json_default, sort_keys=True))
 
 
 def output_file(path: str | Path, suffix: str, overwrite: bool = False) -> Path:

@@ -42,7 +42,6 @@ folder first, builds the model around the base and requires exactly the trained 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,46 +54,32 @@ from core.checkpoint import (
     MODEL_FILE,
     load_into,
     load_weights,
+    method_entry,
+    read_config,
     resolve_checkpoint,
     save_weights,
 )
+from core.config import from_dict_strict
 from core.errors import CheckpointError
-from core.io import atomic_dir, read_json, write_json, write_text
+from core.io import atomic_dir, to_jsonable, write_json, write_text
 
 CARD_FILE = "README.md"
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], where: str = "model") -> Any:
-    """Build dataclass ``cls`` from a plain dict, recursing into nested dataclass fields.
+    """Build dataclass ``cls`` from a config section, recursing into nested dataclass fields (strict).
 
-    Unknown keys raise a one-line ``CheckpointError`` naming them (a config written by other code is not
-    silently cut down to what this class knows).
+    ``core.config.from_dict_strict`` raising ``CheckpointError``: an unknown key is a one-line error naming it (a
+    config written by other code is not silently cut down to what this class knows).
     """
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{where}: expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise CheckpointError(f"{where}: unknown config key(s) {unknown} for {cls.__name__} "
-                              "(written by another version of the code?)")
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # unresolvable annotations: build flat
-        hints = {}
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints.get(name)
-        if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            value = dataclass_from_dict(hint, value, f"{where}.{name}")
-        kwargs[name] = value
-    return cls(**kwargs)
+    return from_dict_strict(cls, data, where, error=CheckpointError)
 
 
 def front_matter(meta: dict[str, Any]) -> str:
     """YAML front matter (``---`` fenced) for a model card."""
     from omegaconf import OmegaConf
 
-    return "---\n" + OmegaConf.to_yaml(OmegaConf.create(_plain(meta))).rstrip() + "\n---\n"
+    return "---\n" + OmegaConf.to_yaml(OmegaConf.create(to_jsonable(meta, nan_to_none=True))).rstrip() + "\n---\n"
 
 
 def read_card(directory: str | Path) -> dict[str, Any]:
@@ -128,20 +113,6 @@ def card_body(directory: str | Path) -> str:
         if end >= 0:
             return text[end + 4:].lstrip("\n")
     return text
-
-
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _plain(dataclasses.asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, float) and obj != obj:
-        return None
-    return obj
 
 
 class PreTrainedModel(nn.Module):
@@ -240,7 +211,7 @@ class PreTrainedModel(nn.Module):
                                       f"(model.{name}); a base is read-only — export elsewhere")
         config = dict(run_config or {})
         config["method"] = self.method or config.get("method")
-        config["model"] = _plain(self.config)
+        config["model"] = to_jsonable(self.config, nan_to_none=True)
         sd = state_dict if state_dict is not None else self.trained_state_dict()
         refs: dict[str, str] = {}
         meta = {"method": config["method"], "model_class": f"{type(self).__module__}:{type(self).__qualname__}",
@@ -262,7 +233,7 @@ class PreTrainedModel(nn.Module):
             upstream = self.save_upstream(tmp, state_dict)
             if upstream:
                 meta["upstream"] = dict(upstream)
-            write_json(tmp / CONFIG_FILE, _plain(config))
+            write_json(tmp / CONFIG_FILE, to_jsonable(config, nan_to_none=True))
             write_text(tmp / CARD_FILE, front_matter(meta) + "\n" + (body or title))
         return directory
 
@@ -363,20 +334,6 @@ class PreTrainedModel(nn.Module):
         checkpoint_modules(self.checkpoint_units())
 
 
-def read_config(directory: str | Path) -> dict[str, Any]:
-    """``config.json`` of a checkpoint / exported folder, with a one-line error when missing or corrupt."""
-    path = Path(directory) / CONFIG_FILE
-    try:
-        config = read_json(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such file (not an exported model or checkpoint)") from None
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return config
-
-
 def weights_file(directory: Path, use_ema: bool | None) -> Path:
     """The weights to load: ``ema.safetensors`` when present (unless ``use_ema`` is False)."""
     ema = directory / EMA_FILE
@@ -386,30 +343,6 @@ def weights_file(directory: Path, use_ema: bool | None) -> Path:
     if use_ema is not False and ema.is_file():
         return ema
     return directory / MODEL_FILE
-
-
-def method_entry(path: str | Path, registry: Any, what: str) -> tuple[Path, Any]:
-    """(resolved checkpoint, ``registry``'s entry for the method its ``config.json`` names).
-
-    ``what`` names the entry kind in the one-line error when the method registers none (e.g. "model class").
-    """
-    from core.registry import load_plugins
-
-    load_plugins()
-    try:
-        ckpt = resolve_checkpoint(path)
-    except CheckpointError:
-        # a run folder of a method whose trained artefact is its own folder format (e.g. AutoMoT's policy/, a
-        # Deep-VRM detector): its resolved run config names the method, which knows how to read the rest
-        if not (Path(path) / CONFIG_FILE).is_file():
-            raise
-        ckpt = Path(path)
-    method = read_config(ckpt).get("method")
-    if not method:
-        raise CheckpointError(f"{ckpt}/{CONFIG_FILE} names no method, so no {what} can be built from it")
-    if method not in registry:
-        raise CheckpointError(f"{ckpt}: method {method!r} registers no {what} (known: {', '.join(registry.names())})")
-    return ckpt, registry.get(method)
 
 
 def load_pretrained(path: str | Path, **kwargs: Any) -> PreTrainedModel:

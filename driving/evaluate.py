@@ -13,19 +13,18 @@ Policies (``--policy``):
     NAME          any entry of ``core.registry.POLICIES`` registered by a method (e.g. ``automot``,
                   ``noreason``), built as ``factory(env, **policy_args)``;
     CKPT          a checkpoint folder: its ``config.json`` names the method, whose ``POLICIES`` factory is
-                  called with the checkpoint convention of ``core.checkpoint.load_policy``,
-                  ``factory(CKPT, env, **policy_args)``, when its first parameter is named checkpoint /
-                  checkpoint_dir / ckpt / ckpt_dir / path, else as ``factory(env, checkpoint=CKPT,
+                  called as ``core.checkpoint.load_policy`` calls it, ``factory(env, checkpoint=CKPT,
                   **policy_args)``. (``--policy automot --policy-arg checkpoint=CKPT`` is the same.)
 
-Policy factory contract: ``factory(env: gymnasium.Env, **kwargs) -> sim.api.Policy`` (``reset(seed)``,
-``act(obs, info) -> (2,) [acceleration m/s^2, steering rad]``; or a ``BatchedPolicy``), registered with
-``core.registry.POLICIES.register(name, "module:factory")`` (a class with ``__init__(self, env, ...)``
-works too; a first parameter named checkpoint / path marks a checkpoint factory instead). ``kwargs`` come
-from ``--policy-arg key=value`` (repeatable; values parsed as int, float, bool (true/false), none, else
-str), e.g. AutoMoT's ``update_interval=2 refiner=true checkpoint=PATH``. Optional overlay hook:
-``policy.overlay() -> {"waypoints": (n, 2) ego-frame metres, "meta_action": str} | None``, read after
-every ``act``; the chosen episodes' videos show it (``driving.report``).
+Policy factory contract (every ``POLICIES`` entry): ``factory(env: gymnasium.Env, checkpoint=None, **kwargs) ->
+sim.api.Policy`` (``reset(seed)``, ``act(obs, info) -> (2,) [acceleration m/s^2, steering rad]``; or a
+``BatchedPolicy``), registered with ``core.registry.POLICIES.register(name, "module:factory")`` (a class with
+``__init__(self, env, ...)`` works too; a factory that needs a checkpoint refuses ``None`` in one line,
+``core.checkpoint.require_checkpoint``). ``kwargs`` come from ``--policy-arg key=value`` (repeatable;
+values parsed as int, float, bool (true/false), none, else str), e.g. AutoMoT's ``update_interval=2
+refiner=true checkpoint=PATH``. Optional overlay hook: ``policy.overlay() -> {"waypoints": (n, 2) ego-frame
+metres, "meta_action": str} | None``, read after every ``act``; the chosen episodes'
+videos show it (``driving.report``).
 
 Robustness (design): every policy is wrapped in a guard (``PolicyGuard``) next to its env. When the
 policy raises in ``reset`` / ``act`` or returns a NaN / inf / wrong-shape action, the guard records a
@@ -61,7 +60,6 @@ from typing import Any
 
 import numpy as np
 
-from core.checkpoint import build_policy, takes_checkpoint_first
 from core.errors import ConfigError, EmbodiedError
 from core.io import write_json, write_text
 from sim.remote import latency_summary
@@ -147,11 +145,9 @@ def _random(env, **kwargs):
 
 
 def _checkpoint_policy(env, path: str, **kwargs):
-    from core.pretrained import method_entry
-    from core.registry import POLICIES
+    from core.checkpoint import load_policy
 
-    ckpt, factory = method_entry(path, POLICIES, "policy for closed-loop rollouts")
-    return build_policy(factory, ckpt, env, **kwargs)
+    return load_policy(path, env, **kwargs)
 
 
 def _known_policies() -> list[str]:
@@ -188,14 +184,10 @@ def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None
     from core.registry import POLICIES, load_plugins
 
     load_plugins()
-    named = POLICIES.get(policy) if policy in POLICIES else None
-    if named is not None and not takes_checkpoint_first(named):
-        return functools.partial(named, **kwargs), policy
+    if policy in POLICIES:
+        return functools.partial(POLICIES.get(policy), **kwargs), policy
     if Path(policy).exists():
         return functools.partial(_checkpoint_policy, path=str(policy), **kwargs), str(policy)
-    if named is not None:
-        raise ConfigError(f"--policy {policy!r} is built from a checkpoint (factory(checkpoint, env)): pass "
-                          "the checkpoint folder as --policy")
     raise ConfigError(f"--policy {policy!r}: unknown policy (known: {', '.join(_known_policies())}, "
                       "or a checkpoint path)")
 

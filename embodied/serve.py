@@ -188,8 +188,8 @@ def _make_env(env_id: str, **kwargs: Any) -> Any:
 
 def _checkpoint(path: Path) -> tuple[Path, dict[str, Any]]:
     """(resolved checkpoint, its ``config.json``) of a policy checkpoint folder (one-line errors)."""
+    from core.checkpoint import method_entry
     from core.io import read_json
-    from core.pretrained import method_entry
     from core.registry import POLICIES
 
     ckpt, _ = method_entry(path, POLICIES, "policy for closed-loop rollouts")

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import DataError
-from core.io import fsync_dir, read_json, write_json
+from core.io import fsync_dir, read_json, to_jsonable, write_json
 from sim.api import INFO_EEF_DELTA
 from sim.rollout import Episode, PolicyFactory, RolloutConfig, RolloutResult, check_env_id, rollout
 
@@ -266,7 +266,9 @@ def ensure_recorded(
     from core.outputs import pid_alive
 
     path = Path(path).absolute()
-    want = _plain(spec)
+    if not isinstance(spec, dict):
+        raise TypeError(f"spec must be a dict, got {type(spec).__name__}")
+    want = to_jsonable(spec)  # as JSON round-trips it (tuples -> lists, paths -> str, numpy scalars -> numbers)
     with main_process_first(path.with_name(path.name + ".recording"), wait=wait):
         if path.exists():
             _check_spec(path, want, check_unrecorded, hint)
@@ -317,18 +319,3 @@ def _check_spec(path: Path, want: dict[str, Any], check_unrecorded: Callable[[Pa
 def _short(value: Any, missing: object, limit: int = 40) -> str:
     text = "unset" if value is missing else json.dumps(value, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _plain(spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec`` as JSON round-trips it (tuples -> lists, paths -> str, numpy scalars -> numbers)."""
-    if not isinstance(spec, dict):
-        raise TypeError(f"spec must be a dict, got {type(spec).__name__}")
-
-    def default(o: Any) -> Any:
-        if isinstance(o, os.PathLike):
-            return os.fspath(o)
-        if hasattr(o, "tolist"):
-            return o.tolist()
-        raise TypeError(f"spec value not JSON serialisable: {type(o).__name__}")
-
-    return json.loads(json.dumps(spec, sort_keys=True, default=default))

@@ -5,6 +5,7 @@ access. Datasets are registered by name in ``core.registry.DATASETS`` as lazy st
 
 Modules:
     trajectories   robomimic / LIBERO HDF5: ``TrajectoryWriter``, ``TrajectoryFile``, ``TrajectoryDataset``
+    hdf5           the HDF5 reader alone (``TrajectoryFile``, no torch), shared by trajectories and lerobot
     images         dense-label image folders ("embodied-dense", ClearGrasp): ``DenseImageDataset``,
                    ``ClearGraspDataset``, ``write_dense_sample``, ``write_meta``
     panoramas      equirectangular RGB / depth / semantics: ``EquirectDataset``, ``Stanford2D3DDataset``,
@@ -23,7 +24,7 @@ from core.registry import DATASETS
 
 _EXPORTS: dict[str, str] = {
     "TrajectoryWriter": "trajectories",
-    "TrajectoryFile": "trajectories",
+    "TrajectoryFile": "hdf5",
     "TrajectoryDataset": "trajectories",
     "EpisodeInfo": "trajectories",
     "DenseImageDataset": "images",

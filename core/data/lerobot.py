@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from core.data.hdf5 import TrajectoryFile, demo_index, is_image_key, is_libero
 from core.data.image_convention import LIBERO_CONVENTION, check, convert, flips
 from core.errors import ConfigError, DataError
 from core.io import atomic_dir, write_json
@@ -139,10 +140,6 @@ def _aggregate(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         if k.startswith("q"):
             out[k] = (np.stack([p[k] for p in parts]) * w).sum(0) / total
     return out
-
-
-def _jsonable(stats: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, Any]]:
-    return {f: {k: v.tolist() for k, v in s.items()} for f, s in stats.items()}
 
 
 # ------------------------------------------------------------------------------------------------- export
@@ -253,8 +250,6 @@ def export_lerobot(
         DataError: An input is missing or unreadable, episodes disagree on keys or shapes, or ``out_dir``
             is an input or lies inside one.
     """
-    from core.data.trajectories import TrajectoryFile, is_image_key
-
     paths = [Path(hdf5_paths)] if isinstance(hdf5_paths, (str, os.PathLike)) else [Path(p) for p in hdf5_paths]
     if not paths:
         raise DataError(str(out_dir), "no input files to export")
@@ -497,7 +492,7 @@ class _Writer:
         tasks = pd.DataFrame({"task_index": list(self.tasks.values())}, index=list(self.tasks))
         tasks.to_parquet(self.root / "meta/tasks.parquet")
         stats = {f: _aggregate([s[f] for s in self.ep_stats]) for f in self.ep_stats[0]}
-        write_json(self.root / "meta/stats.json", _jsonable(stats))
+        write_json(self.root / "meta/stats.json", stats)  # arrays as lists (core.io.to_jsonable)
         robots = sorted(set(self.embodiments) - {""})
         n_files = self.file_index
         info = {
@@ -656,8 +651,6 @@ class LeRobotFile:
 
     def _image_conventions(self) -> tuple[str | None, tuple[bool, bool]]:
         """(the convention frames are returned in, the flips from the stored frames to it)."""
-        from core.data.trajectories import is_libero
-
         own = self.info.get("image_convention")
         if own is not None:
             try:
@@ -704,9 +697,7 @@ class LeRobotFile:
         return dict(zip(idx.tolist(), (str(x) for x in t.column(text_col).to_pylist()), strict=True))
 
     def _row(self, name: str) -> dict[str, Any]:
-        from core.data.trajectories import _demo_index
-
-        row = self._rows.get(_demo_index(name))
+        row = self._rows.get(demo_index(name))
         if row is None:
             raise DataError(self.path, f"no episode {name!r} (has {len(self.episodes)} episodes)")
         return row

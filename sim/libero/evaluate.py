@@ -81,7 +81,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import ConfigError, DataError, EmbodiedError
-from core.io import write_json, write_text
+from core.io import to_jsonable, write_json, write_text
 from sim.api import INFO_FAILURE, INFO_SUCCESS, is_batched, policy_expects
 from sim.libero.suites import MAX_EPISODE_STEPS, SUITES, LiberoTask, list_tasks, normalize_suite
 from sim.remote import add_remote_arguments, is_remote, latency_summary, realtime_factory, remote_factory
@@ -181,7 +181,7 @@ def resolve_policy(policy: str | Callable[..., Any], api_key_file: str | None = 
     path = Path(str(policy))
     if not path.exists():
         raise ConfigError(f"--policy {policy!r}: neither expert, scripted, random nor an existing checkpoint path")
-    from core.pretrained import method_entry
+    from core.checkpoint import method_entry
     from core.registry import POLICIES
 
     method_entry(path, POLICIES, "policy for closed-loop rollouts")  # unreadable / policy-less: one line, now
@@ -403,7 +403,7 @@ class _TaskRunner:
         stats = getattr(self.policy, "episode_stats", None)
         if callable(stats):
             try:
-                record["policy_stats"] = json.loads(json.dumps(stats(), default=_jsonable))
+                record["policy_stats"] = to_jsonable(stats(), default=str)
             except Exception:  # noqa: BLE001 - diagnostics are extras, never a reason to fail
                 pass
             said = record.get("policy_stats")
@@ -450,12 +450,6 @@ def _check_action(action: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, str 
     if not np.isfinite(a).all():
         return a, f"policy: returned a non-finite action {np.array2string(a, precision=3)}"
     return a, None
-
-
-def _jsonable(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return str(o)
 
 
 # --------------------------------------------------------------------------------------------- running
@@ -703,16 +697,12 @@ class _Appender:
         self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def __call__(self, rec: dict[str, Any]) -> None:
-        self.f.write(json.dumps(rec, sort_keys=True, default=_jsonable) + "\n")
+        self.f.write(json.dumps(to_jsonable(rec, default=str), sort_keys=True) + "\n")
         self.f.flush()
         os.fsync(self.f.fileno())
 
     def close(self) -> None:
         self.f.close()
-
-
-def _plain(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, sort_keys=True, default=_jsonable))
 
 
 def _refuse_other_settings(out: Path, signature: dict[str, Any], overwrite: bool) -> None:
@@ -724,7 +714,7 @@ def _refuse_other_settings(out: Path, signature: dict[str, Any], overwrite: bool
     marker = run_marker(out)
     if not marker or marker.get("command") != COMMAND or not isinstance(marker.get("signature"), dict):
         return
-    theirs, ours = marker["signature"], _plain(signature)
+    theirs, ours = marker["signature"], to_jsonable(signature, default=str)
     diff = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(theirs) | set(ours))
             if theirs.get(k) != ours.get(k)]
     if diff:

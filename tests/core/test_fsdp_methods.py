@@ -104,9 +104,9 @@ def test_method_trains_under_two_process_fsdp(method, precision, tmp_path):
     assert weights and all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
     assert not any("_fsdp" in k or "DTensor" in type(v).__name__ for k, v in weights.items())
     if method == "automot":
-        from driving.automot.task import load_policy
+        from driving.automot.task import load_model
 
-        policy = load_policy(out)  # strict: every key and shape
+        policy = load_model(out)  # strict: every key and shape
         assert policy.refiner is not None
     else:
         from core.config import compose, to_object

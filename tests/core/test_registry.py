@@ -92,3 +92,41 @@ def test_methods_register_themselves_through_entry_points():
     assert {"normals", "depth360"} <= set(INFER.names())
     assert MODELS.get("sola").__name__ == "SoLAModel"
     assert all(s.config for s in method_specs()), "every method declares its config module"
+
+
+def test_register_method_refuses_a_name_another_method_owns(monkeypatch):
+    """Was: a second method silently took a registered name (its task, model and policy replaced the first's)."""
+    from core import registry
+
+    for reg in (registry.METHODS, registry.INFER):
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+        monkeypatch.setattr(reg, "_meta", dict(reg._meta))
+    echo = registry.InferSpec("_echo", "json:dumps", "echo")
+    first = registry.register_method("_taken", folder="pkg/one", description="x", task="pkg.one.task", infer=[echo])
+    # the same method again (its register module imported twice) is fine
+    assert registry.register_method("_taken", folder="pkg/one", description="x", task="pkg.one.task",
+                                    infer=[echo]) == first
+    with pytest.raises(ConfigError) as e:
+        registry.register_method("_taken", folder="pkg/two", description="y", task="pkg.two.task")
+    assert str(e.value) == ("method '_taken' is registered twice: by pkg/one (task pkg.one.task) and by pkg/two "
+                            "(task pkg.two.task); rename one of them")
+    with pytest.raises(ConfigError, match=r"infer command '_echo' of method '_other' \(pkg/two .*\) is already "
+                                          r"registered by method '_taken' \(pkg/one \(task pkg.one.task\)\)"):
+        registry.register_method("_other", folder="pkg/two", description="y", task="pkg.two.task", infer=[echo])
+    assert registry.METHODS._meta["_taken"]["spec"] == first and "_other" not in registry.METHODS
+
+
+def test_every_registered_policy_factory_has_the_one_signature():
+    """``factory(env, checkpoint=None, **options)``: by name (``checkpoint=None``) or from a checkpoint
+    (``core.checkpoint.load_policy``) — no second convention told apart by a parameter's name."""
+    import inspect
+
+    from core.registry import POLICIES, load_plugins
+
+    load_plugins()
+    methods = [n for n in POLICIES.names() if not POLICIES.get(n).__module__.startswith("tests")]
+    assert {"automot", "noreason", "bc", "lacwm", "eacwm"} <= set(methods)
+    for name in methods:
+        params = inspect.signature(POLICIES.get(name)).parameters
+        assert list(params)[0] == "env", name
+        assert "checkpoint" in params and params["checkpoint"].default is None, name

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from core.checkpoint import require_checkpoint
 from core.data.trajectories import TrajectoryFile
 from core.errors import ConfigError
 from core.registry import POLICIES
@@ -43,7 +44,8 @@ def _bad_build(env, **kwargs):
     raise ValueError("no weights here")
 
 
-def checkpoint_style(checkpoint, env):
+def checkpoint_style(env, checkpoint=None):
+    require_checkpoint(checkpoint, "_test_ckptstyle")
     return CrashyPolicy(env)
 
 

@@ -58,7 +58,7 @@ def test_served_bc_metadata_and_first_chunk_match_the_policy_in_process(bc_serve
     from core.serving import PolicyClient
     from sim.libero.env import LiberoEnv
     from sim.libero.openpi import openpi_observation
-    from worldmodels.bc.task import load_policy
+    from worldmodels.bc.task import make_policy
 
     ckpt, server = bc_server
     client = PolicyClient(server.url)
@@ -70,7 +70,7 @@ def test_served_bc_metadata_and_first_chunk_match_the_policy_in_process(bc_serve
     env = LiberoEnv(SUITE, 0, image_size=32, wrist_image=True)
     try:
         obs, _ = env.reset(seed=0, options={"init_state_id": 0})
-        local = load_policy(ckpt, env).action_chunk(obs)
+        local = make_policy(env, ckpt).action_chunk(obs)
         reply = client.infer(openpi_observation(obs, env.task.language))
     finally:
         env.close()

@@ -1,4 +1,4 @@
-"""BC checkpoints record the image convention of their training frames; load_policy converts the env's frames.
+"""BC checkpoints record the image convention of their training frames; make_policy converts the env's frames.
 
 A checkpoint from before the field (no ``image_convention`` in config.json) was trained on the old LIBERO frames
 (``flipud``: the raw render with rows reversed); the LIBERO env now gives ``rot180`` (rows and columns reversed),
@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.worldmodels.test_bc_libero import _LiberoLikeEnv  # what load_policy sees of a LiberoEnv
+from tests.worldmodels.test_bc_libero import _LiberoLikeEnv  # what make_policy sees of a LiberoEnv
 from worldmodels.bc.configuration_bc import BCConfig
-from worldmodels.bc.modeling_bc import BCPolicyModel
+from worldmodels.bc.modeling_bc import BCPolicyModel, tiny_config
 
-TINY = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
-                action_dim=7, proprio_dim=15, dropout=0.0)
+TINY = tiny_config(action_dim=7, proprio_dim=15, dropout=0.0)
 
 
 def _raw(seed: int = 0) -> np.ndarray:
@@ -51,10 +50,10 @@ def _obs(raw: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def test_an_old_libero_checkpoint_sees_exactly_the_flipud_frames(tmp_path):
-    from worldmodels.bc.task import load_policy
+    from worldmodels.bc.task import make_policy
 
     model, path = _checkpoint(tmp_path, TINY, old=True)
-    policy = load_policy(path, _LiberoLikeEnv(LIBERO))
+    policy = make_policy(_LiberoLikeEnv(LIBERO), path)
     raw = _raw()
     obs = _obs(raw)
     seen = policy.obs_adapter({k: v[None] for k, v in obs.items()})
@@ -70,11 +69,11 @@ def test_an_old_libero_checkpoint_sees_exactly_the_flipud_frames(tmp_path):
 
 
 def test_an_old_demo_file_checkpoint_sees_flipud_frames_under_the_demo_keys(tmp_path):
-    from worldmodels.bc.task import load_policy
+    from worldmodels.bc.task import make_policy
 
     cfg = dataclasses.replace(TINY, image_key="agentview_rgb", proprio_key="ee_states", proprio_dim=6)
     _, path = _checkpoint(tmp_path, cfg, old=True)
-    policy = load_policy(path, _LiberoLikeEnv(LIBERO))
+    policy = make_policy(_LiberoLikeEnv(LIBERO), path)
     raw = _raw()
     seen = policy.obs_adapter({k: v[None] for k, v in _obs(raw).items()})
     assert np.array_equal(seen["agentview_rgb"][0], raw[::-1]) and seen["ee_states"].shape == (1, 6)
@@ -82,19 +81,19 @@ def test_an_old_demo_file_checkpoint_sees_flipud_frames_under_the_demo_keys(tmp_
 
 
 def test_checkpoints_that_state_their_convention(tmp_path):
-    from worldmodels.bc.task import load_policy
+    from worldmodels.bc.task import make_policy
 
     _, new = _checkpoint(tmp_path, dataclasses.replace(TINY, image_convention="rot180"), name="new")
     assert json.loads((new / "config.json").read_text())["model"]["image_convention"] == "rot180"
-    assert load_policy(new, _LiberoLikeEnv(LIBERO)).obs_adapter is None  # the env's frames as they are
+    assert make_policy(_LiberoLikeEnv(LIBERO), new).obs_adapter is None  # the env's frames as they are
     _, flipud = _checkpoint(tmp_path, dataclasses.replace(TINY, image_convention="flipud"), name="flipud")
     raw = _raw()
-    seen = load_policy(flipud, _LiberoLikeEnv(LIBERO)).obs_adapter({"image": _obs(raw)["image"][None]})
+    seen = make_policy(_LiberoLikeEnv(LIBERO), flipud).obs_adapter({"image": _obs(raw)["image"][None]})
     assert np.array_equal(seen["image"][0], raw[::-1])
     _, unknown = _checkpoint(tmp_path, TINY, name="unknown")  # trained on data that states none: as they are
-    assert load_policy(unknown, _LiberoLikeEnv(LIBERO)).obs_adapter is None
+    assert make_policy(_LiberoLikeEnv(LIBERO), unknown).obs_adapter is None
     _, old = _checkpoint(tmp_path, TINY, old=True, name="old")  # an env without a convention: nothing to convert
-    assert load_policy(old, _LiberoLikeEnv({"language_instruction": "x"})).obs_adapter is None
+    assert make_policy(_LiberoLikeEnv({"language_instruction": "x"}), old).obs_adapter is None
 
 
 def test_the_convention_comes_from_the_data_and_is_checked():

@@ -11,7 +11,7 @@ register_method(
     model="worldmodels.bc.modeling_bc:BCPolicyModel",
     example="worldmodels.bc.modeling_bc:example",
     headline=[("policies.*.success_rate", "%", 100), ("policies.*.mean_length", "steps")],
-    policy="worldmodels.bc.task:load_policy",
+    policy="worldmodels.bc.task:make_policy",
     demo="worldmodels.bc.demo:demo_section",
     arms={"bc": []},
 )

@@ -239,12 +239,13 @@ def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return default_collate(samples)
 
 
-def load_policy(checkpoint: str | Path, env: Any):
-    """``core.registry.POLICIES`` entry: a ``BCPolicy`` for ``env`` from a checkpoint directory."""
+def make_policy(env: Any, checkpoint: str | Path | None = None):
+    """``core.registry.POLICIES`` factory: a ``BCPolicy`` for ``env`` from a checkpoint directory (required)."""
+    from core.checkpoint import require_checkpoint
     from sim.api import PolicySpec
     from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
 
-    model = BCPolicyModel.from_pretrained(checkpoint)
+    model = BCPolicyModel.from_pretrained(require_checkpoint(checkpoint, "bc"))
     c = model.config
     space = env.action_space
     base = getattr(env, "unwrapped", env)
