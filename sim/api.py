@@ -18,7 +18,7 @@ Demonstration files may name observations otherwise than the env does (LIBERO's 
 ``ee_states`` ... are slices and views of ``image`` / ``proprio``). Such an env also offers
 ``env.unwrapped.demo_obs_sources`` (file key -> the env key it is computed from) and
 ``env.unwrapped.demo_obs(obs)`` (an env observation dict, batched (K, ...) or not, -> the file keys), so
-that a policy trained on the files reads the env in closed loop (``worldmodels.bc.task.load_policy``).
+that a policy trained on the files reads the env in closed loop (``worldmodels.bc.task.make_policy``).
 
 ``info`` after every ``step`` (and ``reset``) holds:
     ``success``       bool, task solved at this step.
@@ -39,7 +39,7 @@ Policies come in two shapes:
 cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
 A policy that predicts action chunks may also offer ``action_chunk(obs, info) -> (T, A)``: the whole
 chunk it would execute from ``obs`` (no state changed), which planners use as a proposal
-(``worldmodels.lacwm.planning``), and ``action_chunk_batch(obs, instructions=None) -> (K, T, A)``: the chunks of K
+(``worldmodels.lacwm.pipeline_lacwm``), and ``action_chunk_batch(obs, instructions=None) -> (K, T, A)``: the chunks of K
 unrelated observations (K clients of a policy server, ``embodied serve``) in one forward, ``instructions`` giving
 each row's language.
 

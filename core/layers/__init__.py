@@ -11,8 +11,6 @@ from core.layers.blocks import TransformerBlock
 from core.layers.dit import DiTBlock, FinalLayer, RotaryEmbedding, TimestepEmbedder
 from core.layers.kv_cache import KVCache
 from core.layers.lora import (
-    convert_legacy_lora_checkpoint,
-    convert_legacy_lora_keys,
     inject_lora,
     is_lora_layer,
     load_lora,
@@ -34,8 +32,6 @@ __all__ = [
     "TimestepEmbedder",
     "Mlp",
     "TransformerBlock",
-    "convert_legacy_lora_checkpoint",
-    "convert_legacy_lora_keys",
     "inject_lora",
     "is_lora_layer",
     "load_lora",

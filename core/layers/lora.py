@@ -22,11 +22,6 @@ State-dict keys of a wrapped layer ``attn.q`` (peft's names)::
     attn.q.lora_A.default.weight        A, (r, in)
     attn.q.lora_B.default.weight        B, (out, r)
 
-The former wrapper wrote ``attn.q.base.weight``, ``attn.q.lora_A`` and ``attn.q.lora_B`` (same tensors, same
-shapes); ``convert_legacy_lora_keys`` renames such a state dict and ``convert_legacy_lora_checkpoint(DIR)``
-rewrites a checkpoint folder's weights in place, once (the shipped LAC-WM / EAC-WM checkpoints were
-converted so: identical tensors, identical imagined frames).
-
 Adapter-only save / load: ``lora_state_dict`` / ``load_lora_state_dict`` (peft's
 ``get_peft_model_state_dict`` / ``set_peft_model_state_dict``: keys without the adapter name, e.g.
 ``attn.q.lora_A.weight``) and ``save_lora`` / ``load_lora`` (a folder with ``adapter_config.json`` +
@@ -49,8 +44,6 @@ from torch import nn
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "ADAPTER_WEIGHTS_FILE",
-    "convert_legacy_lora_checkpoint",
-    "convert_legacy_lora_keys",
     "inject_lora",
     "is_lora_layer",
     "load_lora",
@@ -262,50 +255,4 @@ def load_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEF
         _inject(module, LoraConfig.from_pretrained(str(directory)), adapter_name)
     load_lora_state_dict(module, state, adapter_name)
     return module
-
-
-# ------------------------------------------------------------------------------------------ legacy keys
-def convert_legacy_lora_keys(state: dict[str, torch.Tensor],
-                             adapter_name: str = _DEFAULT) -> tuple[dict[str, torch.Tensor], int]:
-    """Rename the former own wrapper's keys to peft's; other keys pass unchanged (same tensors, same order).
-
-    ``L.base.weight`` / ``L.base.bias`` -> ``L.base_layer.*``; ``L.lora_A`` -> ``L.lora_A.<adapter>.weight``;
-    ``L.lora_B`` -> ``L.lora_B.<adapter>.weight``, for every layer ``L`` that has a ``L.lora_A`` key.
-
-    Returns:
-        The renamed state dict and the number of LoRA layers converted (0: nothing to do).
-    """
-    layers = {k.removesuffix(".lora_A") for k in state if k.endswith(".lora_A")}
-    out: dict[str, torch.Tensor] = {}
-    for k, v in state.items():
-        head, _, leaf = k.rpartition(".")  # "L.lora_A" -> (L, lora_A); "L.base.weight" -> (L.base, weight)
-        if head in layers and leaf in ("lora_A", "lora_B"):
-            k = f"{head}.{leaf}.{adapter_name}.weight"
-        elif head.endswith(".base") and head.removesuffix(".base") in layers:
-            k = f"{head.removesuffix('.base')}.base_layer.{leaf}"
-        out[k] = v
-    return out, len(layers)
-
-
-def convert_legacy_lora_checkpoint(directory: str | Path) -> dict[str, int]:
-    """Rewrite a checkpoint's ``model.safetensors`` / ``ema.safetensors`` with peft's LoRA keys, in place.
-
-    Idempotent (a converted file is left untouched). Returns ``{file name: LoRA layers converted}``.
-    """
-    from safetensors import safe_open
-
-    from core.checkpoint import EMA_FILE, MODEL_FILE, load_weights, save_weights
-
-    done = {}
-    for name in (MODEL_FILE, EMA_FILE):
-        path = Path(directory) / name
-        if not path.is_file():
-            continue
-        with safe_open(str(path), "pt") as f:
-            metadata = f.metadata()
-        state, n = convert_legacy_lora_keys(load_weights(path))
-        if n:
-            save_weights(state, path, metadata=metadata)
-        done[name] = n
-    return done
 

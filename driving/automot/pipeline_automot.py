@@ -33,12 +33,12 @@ class AutoMoTPolicy:
 
     def __init__(self, env: Any, checkpoint: str | Path, update_interval: int = 2, refiner: bool = False,
                  device: str = "cpu", seed: int = 0):
-        from driving.automot.task import load_policy
+        from driving.automot.task import load_model
         from driving.controller import WaypointController
 
         if int(update_interval) < 1:
             raise ConfigError(f"update_interval must be >= 1, got {update_interval}")
-        self.vla = load_policy(checkpoint, device)
+        self.vla = load_model(checkpoint, device)
         if refiner and self.vla.refiner is None:
             raise CheckpointError(f"{checkpoint}: refiner=true but this policy folder has no refiner")
         self.mot, self.device = self.vla.mot, device

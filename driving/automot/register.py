@@ -13,11 +13,12 @@ register_method(
     config="driving.automot.configuration_automot",
     model="driving.automot.modeling_automot:DrivingVLA",
     example="driving.automot.modeling_automot:tiny_example",
+    experiment="driving.automot.experiments:EXPERIMENT",
     headline=[("openloop.coarse.l2_*", "m"), ("openloop.meta_accuracy", ""), ("qa_token_match.acc", ""),
               ("closed_loop.*.all.driving_score", "%", 100), ("closed_loop.*.all.success_rate", "%", 100)],
-    policy="driving.automot.policy:make_policy",
+    policy="driving.automot.pipeline_automot:make_policy",
     demo="driving.automot.demo:demo_section",
     # same data, base VLM, steps, harness; out_dir follows model.arm
     arms={"automot": [], "frozen": ["model.arm=frozen"], "noreason": ["model.arm=noreason"]},
 )
-POLICIES.register("noreason", "driving.automot.policy:make_noreason_policy", overwrite=True)
+POLICIES.register("noreason", "driving.automot.pipeline_automot:make_noreason_policy", overwrite=True)

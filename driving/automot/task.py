@@ -250,7 +250,7 @@ def refiner_config(model_cfg: AutoMoTModelConfig, mot: Any):
 
 
 # -- the policy folder ---------------------------------------------------------------------------------------------
-def load_policy(folder: str | Path, device: str | torch.device = "cpu"):
+def load_model(folder: str | Path, device: str | torch.device = "cpu"):
     """A policy folder (or a run folder holding ``policy/``) -> the ``DrivingVLA``, in eval mode and frozen
     (``DrivingVLA.from_pretrained``: strict, the base resolved from the folder's reference).
 
@@ -410,7 +410,7 @@ def evaluate(cfg) -> dict[str, Any]:
     model_cfg, data, tcfg = _configs(cfg)
     out_dir = Path(cfg.out_dir)
     ensure_data(data)
-    policy = load_policy(out_dir / POLICY_DIR)
+    policy = load_model(out_dir / POLICY_DIR)
     test = samples(model_cfg, data, "test", stride=1)
     result: dict[str, Any] = {"arm": model_cfg.arm, "openloop": openloop(policy, test, limit=data.eval_samples)}
     if policy.prompter is not None:

@@ -188,8 +188,7 @@ def load_denoiser(path: str | Path) -> FlowDenoiser:
 
     Args:
         path: A ``FlowDenoiser.save_pretrained`` folder, a training checkpoint, or the base's training run folder
-            (its newest checkpoint). A run pretrained before the base joined the model contract (its
-            ``config.json`` names the architecture ``backbone`` instead of ``model``) loads too.
+            (its newest checkpoint).
 
     Raises:
         CheckpointError: No checkpoint there, no architecture in its ``config.json``, an adapted model's folder
@@ -201,7 +200,7 @@ def load_denoiser(path: str | Path) -> FlowDenoiser:
 
     ckpt = resolve_checkpoint(path)
     config = read_config(ckpt)
-    section = config.get("model", config.get("backbone"))
+    section = config.get("model")
     if not isinstance(section, dict):
         raise CheckpointError(f"{ckpt}/config.json has no 'model' section (not a FeRA base denoiser folder)")
     if "adapter" in section:

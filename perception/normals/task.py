@@ -36,16 +36,12 @@ EVAL_KEYS = ("rgb", "normals", "mask")
 def render_settings(checkpoint: str | Path) -> dict:
     """How a checkpoint's training views were rendered (its run config's ``data.render_*``): ``source``
     ("procedural" for checkpoints made before sources existed), ``framing``, ``size`` and ``spp``.
-
-    Run folders written before the render keys were flat hold them nested (``data.render.source``); those
-    are read too.
     """
     from core.io import read_json
 
     cfg = Path(checkpoint) / "config.json"
     data = (read_json(cfg).get("data") or {}) if cfg.is_file() else {}
-    render = {**(data.get("render") or {}), **{k[len("render_"):]: v for k, v in data.items()
-                                               if k.startswith("render_")}}
+    render = {k[len("render_"):]: v for k, v in data.items() if k.startswith("render_")}
     return {"source": str(render.get("source", "procedural")),
             "framing": str(render.get("framing", "workspace")),
             "size": int(render.get("size", 64)), "spp": int(render.get("spp", 32))}

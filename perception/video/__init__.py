@@ -1,2 +1,2 @@
 """Flex-Forcing: one latent video diffusion transformer for bidirectional, autoregressive and flexible chunked
-generation (``modeling_flexforcing``, ``sampling``, ``chunking``)."""
+generation (``modeling_flexforcing``, ``pipeline_flexforcing``, ``chunking``)."""

@@ -5,7 +5,7 @@ The model continues given frames: ``--first-frame`` (any image, resized to the m
 against the training domain by ``core.domain``, a warning when it is far) or, without it, the first frame of
 the checkpoint's sample scene (a held-out simulator clip bundled in the checkpoint folder as
 ``sample_first_frame.png``; a run without one uses the shipped model's, resized). ``--frames`` counts the output frames, the first included; videos longer
-than the training length are generated in windows (see ``perception.video.sampling``). The mp4 is written
+than the training length are generated in windows (see ``perception.video.pipeline_flexforcing``). The mp4 is written
 atomically (temp file + rename): a failed run leaves no partial file. The checkpoint is the shipped one
 (``assets/checkpoints/flexforcing``) unless ``--checkpoint`` names another.
 """
@@ -50,7 +50,7 @@ def infer(args) -> int:
 
     from core.data.video import write_mp4
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import continue_video, supported_regimes
+    from perception.video.pipeline_flexforcing import continue_video, supported_regimes
 
     out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
     if args.frames is None or args.frames < 2:

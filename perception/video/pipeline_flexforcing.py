@@ -24,7 +24,7 @@ longer than the training length ``T`` the same way: in windows, conditioning on 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -145,6 +145,132 @@ def flex_reference(model, x: torch.Tensor, frames: torch.Tensor, ctx: KVCache, g
     return x
 
 
+class _Run:
+    """One ``generate`` call's state: the output (context, then the new frames as they become final), the initial
+    noise of the new frames, the Euler grid, the clock and the ``Generation`` being filled."""
+
+    def __init__(self, model, context: torch.Tensor, num_new: int, grid: torch.Tensor,
+                 generator: torch.Generator | None, on_window: Callable[[int, int], None] | None):
+        b, self.k0 = context.shape[:2]
+        shape, device = context.shape[2:], context.device
+        self.model, self.grid, self.on_window, self.device = model, grid, on_window, device
+        self.end = self.k0 + num_new
+        self.out = torch.cat([context, torch.empty(b, num_new, *shape, device=device, dtype=context.dtype)], 1)
+        self.gen = Generation(self.out)
+        self.clock = _Clock(device)
+        self.noise = torch.randn(b, num_new, *shape, generator=generator, device="cpu").to(device, context.dtype)
+
+    def frames(self, a: int, e: int) -> torch.Tensor:
+        return torch.arange(a, e, device=self.device)
+
+    def noise_of(self, a: int, e: int) -> torch.Tensor:
+        return self.noise[:, a - self.k0:e - self.k0]
+
+    def emit(self, a: int, e: int) -> None:
+        """Frames ``a:e`` are final."""
+        self.clock.frame_done()
+        self.gen.windows.append((a, e))
+        if self.on_window is not None:
+            self.on_window(a, e)
+
+    def windows(self, kc: int) -> Iterator[tuple[int, int]]:
+        """Windows of ``T - kc`` new frames (the last one shorter), each conditioned on the ``kc`` frames before."""
+        done = self.k0
+        while done < self.end:
+            e = done + min(self.model.config.num_frames - kc, self.end - done)
+            yield done, e
+            done = e
+
+    def context_cache(self, a: int, kc: int) -> KVCache:
+        """A fresh KV cache holding frames ``a - kc:a``."""
+        ctx = KVCache(len(self.model.dit.blocks))
+        fill_cache(self.model, ctx, self.out[:, a - kc:a], self.frames(a - kc, a))
+        self.gen.forward_passes += 1
+        return ctx
+
+    def finish(self) -> Generation:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.gen.seconds = time.perf_counter() - self.clock.t0
+        self.gen.first_frame_s = self.clock.first if self.clock.first is not None else float("nan")
+        self.gen.latents = self.out
+        return self.gen
+
+
+def _window_context(model, k0: int) -> int:
+    """Frames each window of ``bidirectional`` / ``flex`` conditions on: the given ones, at most the config's
+    ``max_context`` and ``T - 1``."""
+    return max(1, min(k0, model.config.max_context or 1, model.config.num_frames - 1))
+
+
+def _bidirectional(run: _Run) -> None:
+    """Each window is one chunk, denoised jointly against its context: a KV cache, or inline at t = 0 for a model
+    trained with one chunk (``chunking=one``)."""
+    model, kc = run.model, _window_context(run.model, run.k0)
+    inline = model.config.chunking == "one"
+    for a, e in run.windows(kc):
+        x = run.noise_of(a, e)
+        if inline:
+            xin = torch.cat([run.out[:, a - kc:a], x], 1)
+            y, p = _denoise(model, xin, run.frames(a - kc, e), [], run.grid, fixed=kc)
+            run.out[:, a:e] = y[:, kc:]
+        else:
+            ctx = run.context_cache(a, kc)
+            y, p = _denoise(model, x, run.frames(a, e), [ctx], run.grid)
+            run.out[:, a:e] = y
+        run.gen.forward_passes += p
+        run.emit(a, e)
+
+
+def _flex(run: _Run, levels: int) -> None:
+    """Each window denoised by the depth-first pyramid of ``levels`` levels against its context's KV cache."""
+    kc = _window_context(run.model, run.k0)
+    for a, e in run.windows(kc):
+        ctx = run.context_cache(a, kc)
+        y, p = _pyramid_window(run.model, run.noise_of(a, e), run.frames(a, e), ctx, run.grid, levels, run.clock)
+        run.out[:, a:e] = y
+        run.gen.forward_passes += p
+        run.emit(a, e)
+
+
+def _chunk_by_chunk(run: _Run, size: int, order: list[int] | None) -> None:
+    """Chunks of ``size`` frames, each denoised against one rolling KV cache and then written to it clean; ``order``
+    permutes the chunks of the first window."""
+    model, k0, t_len = run.model, run.k0, run.model.config.num_frames
+    cache = KVCache(len(model.dit.blocks))
+    hist = min(k0, t_len - size)
+    fill_cache(model, cache, run.out[:, k0 - hist:k0], run.frames(k0 - hist, k0))
+    run.gen.forward_passes += 1
+    done, first = k0, True
+    while done < run.end:
+        n = max(min(t_len - size, run.end - done), 1)  # frames of this window (several chunks)
+        bounds = list(range(done, done + n, size)) + [done + n]
+        pieces = list(zip(bounds[:-1], bounds[1:], strict=True))
+        if order is not None and first:
+            if sorted(order) != list(range(len(pieces))):
+                raise ValueError(f"order must permute range({len(pieces)}), got {order}")
+            pieces = [pieces[i] for i in order]
+        for a, e in pieces:
+            x, p = _denoise(model, run.noise_of(a, e), run.frames(a, e), [cache], run.grid)
+            run.out[:, a:e] = x
+            fill_cache(model, cache, x, run.frames(a, e))
+            run.gen.forward_passes += p + 1
+            cache.roll(t_len - size)
+            run.emit(a, e)
+        done += n
+        first = False
+
+
+def _autoregressive(run: _Run, order: list[int] | None) -> None:
+    """Singleton chunks."""
+    _chunk_by_chunk(run, 1, order)
+
+
+def _chunked(run: _Run, chunk: int, order: list[int] | None) -> None:
+    """Chunks of ``chunk`` frames (at most ``T - 1``)."""
+    _chunk_by_chunk(run, max(1, min(chunk, run.model.config.num_frames - 1)), order)
+
+
 @torch.no_grad()
 def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", steps: int | None = None,
              shift: float | None = None, chunk: int = 2, order: list[int] | None = None, levels: int | None = None,
@@ -173,81 +299,18 @@ def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", s
         raise ValueError(f"context must be (B, K >= 1, C, h, w) latents, got {tuple(context.shape)}")
     if num_new < 1:
         raise ValueError(f"num_new must be >= 1, got {num_new}")
-    steps = steps or cfg.sample_steps
-    levels = levels or cfg.pyramid_levels
-    device = context.device
-    grid = timestep_grid(steps, shift if shift is not None else cfg.sample_shift, device=device)
-    b, k0 = context.shape[:2]
-    shape = context.shape[2:]
-    t_len = cfg.num_frames
-    kc = max(1, min(k0, cfg.max_context or 1, t_len - 1))
-    out = torch.cat([context, torch.empty(b, num_new, *shape, device=device, dtype=context.dtype)], 1)
-    gen = Generation(out)
-    clock = _Clock(device)
-    noise = torch.randn(b, num_new, *shape, generator=generator, device="cpu").to(device, context.dtype)
-    depth = len(model.dit.blocks)
-    done = k0
-
-    def emit(a: int, e: int) -> None:
-        clock.frame_done()
-        gen.windows.append((a, e))
-        if on_window is not None:
-            on_window(a, e)
-
-    if regime in ("autoregressive", "chunked"):
-        size = 1 if regime == "autoregressive" else max(1, min(chunk, t_len - 1))
-        cache = KVCache(depth)
-        hist = min(k0, t_len - size)
-        fill_cache(model, cache, out[:, k0 - hist:k0], torch.arange(k0 - hist, k0, device=device))
-        gen.forward_passes += 1
-        first = True
-        while done < k0 + num_new:
-            n = min(t_len - size, k0 + num_new - done)  # frames of this window (several chunks)
-            n = max(n, 1)
-            bounds = list(range(done, done + n, size)) + [done + n]
-            pieces = list(zip(bounds[:-1], bounds[1:], strict=True))
-            if order is not None and first:
-                if sorted(order) != list(range(len(pieces))):
-                    raise ValueError(f"order must permute range({len(pieces)}), got {order}")
-                pieces = [pieces[i] for i in order]
-            for a, e in pieces:
-                x, p = _denoise(model, noise[:, a - k0:e - k0], torch.arange(a, e, device=device), [cache], grid)
-                out[:, a:e] = x
-                fill_cache(model, cache, x, torch.arange(a, e, device=device))
-                gen.forward_passes += p + 1
-                cache.roll(t_len - size)
-                emit(a, e)
-            done += n
-            first = False
+    grid = timestep_grid(steps or cfg.sample_steps, shift if shift is not None else cfg.sample_shift,
+                         device=context.device)
+    run = _Run(model, context, num_new, grid, generator, on_window)
+    if regime == "bidirectional":
+        _bidirectional(run)
+    elif regime == "autoregressive":
+        _autoregressive(run, order)
+    elif regime == "chunked":
+        _chunked(run, chunk, order)
     else:
-        inline = cfg.chunking == "one"
-        while done < k0 + num_new:
-            n = min(t_len - kc, k0 + num_new - done)
-            a, e = done, done + n
-            ctx_frames = torch.arange(a - kc, a, device=device)
-            x = noise[:, a - k0:e - k0]
-            if inline:
-                xin = torch.cat([out[:, a - kc:a], x], 1)
-                y, p = _denoise(model, xin, torch.arange(a - kc, e, device=device), [], grid, fixed=kc)
-                out[:, a:e] = y[:, kc:]
-            else:
-                ctx = KVCache(depth)
-                fill_cache(model, ctx, out[:, a - kc:a], ctx_frames)
-                gen.forward_passes += 1
-                if regime == "bidirectional":
-                    y, p = _denoise(model, x, torch.arange(a, e, device=device), [ctx], grid)
-                else:
-                    y, p = _pyramid_window(model, x, torch.arange(a, e, device=device), ctx, grid, levels, clock)
-                out[:, a:e] = y
-            gen.forward_passes += p
-            emit(a, e)
-            done = e
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    gen.seconds = time.perf_counter() - clock.t0
-    gen.first_frame_s = clock.first if clock.first is not None else float("nan")
-    gen.latents = out
-    return gen
+        _flex(run, levels or cfg.pyramid_levels)
+    return run.finish()
 
 
 def given_video_frames(model, context: int) -> int:

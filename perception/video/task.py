@@ -184,7 +184,7 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
     frames; metrics are on the new video frames (see the module docstring).
     """
     from core.metrics.image import psnr, ssim, temporal_flicker
-    from perception.video.sampling import generate
+    from perception.video.pipeline_flexforcing import generate
 
     device = next(model.parameters()).device
     r = model.config.temporal_factor
@@ -272,7 +272,7 @@ def reference_scores(model, video: torch.Tensor, context: int, batch_size: int =
 def evaluate(cfg) -> dict[str, Any]:
     """Every regime the checkpoint supports on the held-out clips (see the module docstring)."""
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import supported_regimes
+    from perception.video.pipeline_flexforcing import supported_regimes
 
     data: FlexVideoDataConfig = to_object(cfg.data)
     ckpt = cfg.eval.checkpoint or cfg.out_dir

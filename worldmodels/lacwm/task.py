@@ -58,7 +58,7 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
         from core.errors import ConfigError
 
         raise ConfigError("data.demos: a model trained on demonstrations has no test split here; score its "
-                          "planning on LIBERO with `python -m worldmodels.lacwm.experiments libero-plan`")
+                          "planning on LIBERO with `embodied experiment lacwm libero-plan`")
     model = WorldModel.from_pretrained(path)
     keys = data_keys(data_cfg)
     test = transitions(files["test"], model.config, context=8, **keys)
@@ -78,7 +78,7 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
     result["rollout"] = rollout_error(model, test, embodiment_name(data_cfg.held_out), judge=judge)
     if planning and data_cfg.plan_episodes > 0:
         from sim.manipulation.registration import env_id
-        from worldmodels.lacwm.planning import planning_eval
+        from worldmodels.lacwm.pipeline_lacwm import planning_eval
 
         result["planning"] = planning_eval(path, env_id("Reach", data_cfg.held_out), episodes=data_cfg.plan_episodes,
                                            image_size=data_cfg.image_size, max_steps=data_cfg.plan_max_steps,
@@ -87,8 +87,10 @@ def evaluate(cfg, scratch: bool = False, planning: bool = True) -> dict[str, Any
     return result
 
 
-def load_policy(checkpoint, env):
-    """``core.registry.POLICIES`` entry: a candidate-selection planner on this world model for ``env``."""
-    from worldmodels.lacwm.planning import load_planner_policy
+def make_policy(env, checkpoint=None, **options):
+    """``core.registry.POLICIES`` factory: a candidate-selection planner on this world model (a checkpoint, required)
+    for ``env``; ``options`` go to ``load_planner_policy`` (select, num_candidates, horizon)."""
+    from core.checkpoint import require_checkpoint
+    from worldmodels.lacwm.pipeline_lacwm import load_planner_policy
 
-    return load_planner_policy(checkpoint, env)
+    return load_planner_policy(require_checkpoint(checkpoint, "lacwm / eacwm"), env, **options)

@@ -1,5 +1,5 @@
 """core.layers: attention matches the textbook formula, masks hold, blocks compose; LoRA (peft) is exact at
-init, equals the former own LoRA formula, merges, saves adapter-only in peft's layout, converts old keys."""
+init, equals the former own LoRA formula, merges, saves adapter-only in peft's layout."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from core.layers import (
     Attention,
     Mlp,
     TransformerBlock,
-    convert_legacy_lora_checkpoint,
-    convert_legacy_lora_keys,
     inject_lora,
     is_lora_layer,
     load_lora,
@@ -170,23 +168,3 @@ def test_adapter_only_save_and_load_round_trip_in_peft_layout(tmp_path):
         lora_state_dict(TransformerBlock(16, 4))
 
 
-def test_former_lora_keys_convert_to_peft_names(tmp_path):
-    from core.checkpoint import load_weights, save_weights
-
-    _, model = _adapted_block(1)
-    new = model.state_dict()
-    legacy = {}
-    for k, v in new.items():  # the former wrapper's names of the same tensors
-        k = k.replace(".base_layer.", ".base.").replace(".lora_A.default.weight", ".lora_A")
-        legacy[k.replace(".lora_B.default.weight", ".lora_B")] = v
-    assert "attn.q.base.weight" in legacy and "attn.q.lora_A" in legacy
-    converted, n = convert_legacy_lora_keys(legacy)
-    assert n == 3 and converted.keys() == new.keys()
-    assert all(torch.equal(converted[k], new[k]) for k in new)
-    same, none = convert_legacy_lora_keys(new)
-    assert none == 0 and list(same) == list(new)  # nothing to do on peft keys
-    save_weights(legacy, tmp_path / "model.safetensors")
-    assert convert_legacy_lora_checkpoint(tmp_path) == {"model.safetensors": 3}
-    assert convert_legacy_lora_checkpoint(tmp_path) == {"model.safetensors": 0}  # idempotent
-    loaded = load_weights(tmp_path / "model.safetensors")
-    assert loaded.keys() == new.keys() and all(torch.equal(loaded[k], new[k]) for k in new)

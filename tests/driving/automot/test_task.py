@@ -48,9 +48,9 @@ def test_policy_folder_roundtrip_and_refiner_switch(trained):
     from core.checkpoint import load_weights
     from core.pretrained import load_pretrained, read_config
     from driving.automot.modeling_automot import DrivingVLA
-    from driving.automot.task import load_policy, predict_waypoints
+    from driving.automot.task import load_model, predict_waypoints
 
-    a, b = load_policy(trained / "automot"), load_policy(trained / "automot" / "policy")
+    a, b = load_model(trained / "automot"), load_model(trained / "automot" / "policy")
     assert isinstance(a, DrivingVLA) and a.refiner is not None and a.prompter is not None
     batch, _ = _batch(trained, a)
     ra, rb = predict_waypoints(a, batch, refine=True), predict_waypoints(b, batch, refine=True)
@@ -68,11 +68,11 @@ def test_policy_folder_roundtrip_and_refiner_switch(trained):
     with torch.no_grad():  # (not bit-equal: frozen parameters take other CPU kernels, ~1e-8)
         torch.testing.assert_close(c(batch).waypoints, ra["coarse"], atol=1e-6, rtol=0)
     with pytest.raises(CheckpointError, match="not an AutoMoT policy folder"):
-        load_policy(trained)
+        load_model(trained)
     (trained / "legacy").mkdir(exist_ok=True)
     (trained / "legacy" / "automot.json").write_text("{}")
     with pytest.raises(CheckpointError, match="former layout"):
-        load_policy(trained / "legacy")
+        load_model(trained / "legacy")
 
 
 def test_frozen_understanding_keeps_the_base(trained, tmp_path):
@@ -81,7 +81,7 @@ def test_frozen_understanding_keeps_the_base(trained, tmp_path):
     from driving.automot import task
 
     base, _ = load_vlm(trained / "base")
-    tuned = task.load_policy(trained / "automot").mot.vlm
+    tuned = task.load_model(trained / "automot").mot.vlm
     changed = [k for k, v in base.state_dict().items() if not torch.equal(v, tuned.state_dict()[k])]
     assert changed, "the automot arm's understanding expert did not train"
     import shutil
@@ -89,7 +89,7 @@ def test_frozen_understanding_keeps_the_base(trained, tmp_path):
     for sub in ("data", "base"):
         (tmp_path / sub).symlink_to(trained / sub)
     task.train(_cfg(tmp_path, "frozen", "model.refiner_steps=0"))
-    frozen = task.load_policy(tmp_path / "frozen").mot.vlm
+    frozen = task.load_model(tmp_path / "frozen").mot.vlm
     assert all(torch.equal(v, frozen.state_dict()[k]) for k, v in base.state_dict().items())
     from core.checkpoint import (
         load_weights,  # the frozen arm's folder stores no VLM tensor (the base has them)
@@ -103,7 +103,7 @@ def test_async_policy_reencodes_the_prefix_every_n_steps(trained):
     import gymnasium as gym
 
     import sim
-    from driving.automot.policy import make_policy
+    from driving.automot.pipeline_automot import make_policy
 
     sim.register_envs()
     env = gym.make("embodied/Drive-Highway-v0", image_size=32, horizon_s=3)
@@ -154,7 +154,7 @@ def test_eval_writes_openloop_and_reasoning(trained):
     assert 0 <= res["qa_token_match_base"]["acc"] <= 1
     assert read_json(trained / "automot" / "eval.json")["arm"] == "automot"
     # the reported figures are the plan's: recompute ADE, L2 at 3 s and meta-action accuracy on every test step
-    policy = task.load_policy(trained / "automot")
+    policy = task.load_model(trained / "automot")
     batch, s = _batch(trained, policy, n=res["openloop"]["samples"])
     out = policy(batch)
     err = (out.waypoints - s["waypoints"]).norm(dim=-1)
@@ -179,10 +179,10 @@ def test_shipped_policies_and_the_demo_section(tmp_path):
     from core.pretrained import read_card
     from core.resources import asset
     from driving.automot.demo import demo_section
-    from driving.automot.task import load_policy
+    from driving.automot.task import load_model
 
     for name, arm in (("automot", "automot"), ("automot_noreason", "noreason")):
-        policy = load_policy(asset("checkpoints", name))
+        policy = load_model(asset("checkpoints", name))
         assert policy.config.arm == arm and "command" in read_card(asset("checkpoints", name))
         base = asset("checkpoints", name) / "base"  # self-contained: the shipped folder carries its base
         assert (Path(policy.config.base_path).resolve() == base.resolve()) if arm == "automot" else \

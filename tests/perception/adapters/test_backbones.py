@@ -20,14 +20,14 @@ from perception.adapters.data import (
     target_images,
     target_videos,
 )
+from perception.adapters.modeling_fera import tiny_config
 
 KINDS = ("unet", "dit")
 
 
 def tiny(kind: str, seed: int = 0) -> FlowDenoiser:
     torch.manual_seed(seed)
-    return FlowDenoiser(BackboneConfig(kind=kind, image_size=16, block_out_channels=[16, 32], norm_num_groups=8,
-                                       cross_attention_dim=16, dit_layers=2, dit_heads=2, dit_head_dim=16))
+    return FlowDenoiser(tiny_config(kind).backbone())
 
 
 def images(n: int = 8, seed: int = 0) -> torch.Tensor:
@@ -60,8 +60,8 @@ def test_config_rejects_bad_values(bad):
 # -- the base folder ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_base_folder_round_trip_is_exact_and_read_only(kind, tmp_path):
-    """save_pretrained -> load_denoiser rebuilds the same denoiser (frozen), writes nothing into the folder; a run
-    pretrained before the contract (its checkpoint names the architecture `backbone`) loads the same way."""
+    """save_pretrained -> load_denoiser rebuilds the same denoiser (frozen), writes nothing into the folder; the
+    base's training run folder (its newest checkpoint) loads the same way."""
     from core.checkpoint import mark_latest, save_checkpoint
     from perception.adapters.backbones import BASE_RUN_CONFIG, load_denoiser
 
@@ -69,15 +69,15 @@ def test_base_folder_round_trip_is_exact_and_read_only(kind, tmp_path):
     folder = model.save_pretrained(tmp_path / "base", run_config=dict(BASE_RUN_CONFIG))
     before = sorted((p.name, p.read_bytes()) for p in folder.iterdir())
     loaded = load_denoiser(folder)
-    legacy_run = tmp_path / "legacy_run"
-    save_checkpoint(legacy_run / "checkpoints" / "step_00000004", model,
-                    {"method": "fera", "stage": "base", "backbone": json.loads(json.dumps(vars(model.config)))})
-    mark_latest(legacy_run / "checkpoints", "step_00000004")
-    legacy = load_denoiser(legacy_run)
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "step_00000004", model,
+                    {"method": "fera", "stage": "base", "model": json.loads(json.dumps(vars(model.config)))})
+    mark_latest(run / "checkpoints", "step_00000004")
+    from_run = load_denoiser(run)
     x, t = torch.randn(2, 3, 16, 16), torch.tensor([0.3, 0.8])
     with torch.no_grad():
         want = model(x, t)
-        for other in (loaded, legacy):
+        for other in (loaded, from_run):
             assert other.config == model.config and not any(p.requires_grad for p in other.parameters())
             assert torch.equal(want, other(x, t))
     assert sorted((p.name, p.read_bytes()) for p in folder.iterdir()) == before
@@ -140,7 +140,7 @@ def test_router_keyword_reaches_the_backbone_pre_hook(kind):
 
 
 def test_unet_layout_follows_attention_levels():
-    cfg = BackboneConfig(image_size=16, block_out_channels=[16, 32], attention_levels=[False, True])
+    cfg = tiny_config("unet", attention_levels=[False, True]).backbone()
     names = [n for n, m in FlowDenoiser(cfg).backbone.named_modules() if type(m).__name__ == "Attention"]
     assert any(n.startswith("down_blocks.1.attentions") for n in names)
     assert not any(n.startswith("down_blocks.0.attentions") for n in names)

@@ -111,14 +111,12 @@ class _ChunkPolicy:
 
 
 def _planner(select, proposal, goals):
-    from tests.worldmodels.lacwm.test_lacwm import TINY
     from worldmodels.lacwm.adaptation import adapt_model
-    from worldmodels.lacwm.configuration_lacwm import LACWMConfig
-    from worldmodels.lacwm.modeling_lacwm import build_model
-    from worldmodels.lacwm.planning import ProposalPlanner
+    from worldmodels.lacwm.modeling_lacwm import build_model, tiny_config
+    from worldmodels.lacwm.pipeline_lacwm import ProposalPlanner
 
     torch.manual_seed(0)
-    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 3})), "Panda", 21)
+    model = adapt_model(build_model(tiny_config(frame_skip=3)), "Panda", 21)
     return ProposalPlanner(model, "Panda", _Env(), lambda k, seed: goals.append((k, seed)) or
                            np.zeros((16, 16, 3), np.uint8), proposal=proposal, num_candidates=5, horizon=2,
                            select=select, noise=0.1, score_pool=1)  # no clipping
@@ -142,7 +140,7 @@ def test_proposal_planner_candidates_are_the_chunk_plus_offsets_with_the_gripper
 
 
 def test_model_selection_executes_the_best_scored_candidate_and_policy_mode_the_chunk(monkeypatch):
-    from worldmodels.lacwm.planning import ProposalPlanner
+    from worldmodels.lacwm.pipeline_lacwm import ProposalPlanner
 
     obs = {"image": np.zeros((16, 16, 3), np.uint8)}
     planner = _planner("model", _ChunkPolicy(), [])
@@ -183,14 +181,12 @@ class _PathGoal:
 
 
 def test_subgoal_tracks_the_expert_path_forward_only_and_scores_against_the_frame_k_ahead():
-    from tests.worldmodels.lacwm.test_lacwm import TINY
     from worldmodels.lacwm.adaptation import adapt_model
-    from worldmodels.lacwm.configuration_lacwm import LACWMConfig
-    from worldmodels.lacwm.modeling_lacwm import build_model
-    from worldmodels.lacwm.planning import ProposalPlanner
+    from worldmodels.lacwm.modeling_lacwm import build_model, tiny_config
+    from worldmodels.lacwm.pipeline_lacwm import ProposalPlanner
 
     torch.manual_seed(0)
-    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 3})), "Panda", 21)
+    model = adapt_model(build_model(tiny_config(frame_skip=3)), "Panda", 21)
     goal = _PathGoal(10)
     planner = ProposalPlanner(model, "Panda", _Env(), goal, proposal=_ChunkPolicy(), num_candidates=5, horizon=2,
                               select="model", noise=0.1, score_pool=1, subgoal=2)
@@ -258,14 +254,12 @@ def test_libero_planner_runs_in_libero_s_eval_harness_with_a_solved_goal(tmp_pat
 
     from core.checkpoint import save_checkpoint
     from sim.libero.evaluate import evaluate_libero
-    from tests.worldmodels.lacwm.test_lacwm import TINY
     from worldmodels.lacwm.adaptation import adapt_model
-    from worldmodels.lacwm.configuration_lacwm import LACWMConfig
-    from worldmodels.lacwm.modeling_lacwm import build_model
-    from worldmodels.lacwm.planning import libero_planner
+    from worldmodels.lacwm.modeling_lacwm import build_model, tiny_config
+    from worldmodels.lacwm.pipeline_lacwm import libero_planner
 
     torch.manual_seed(0)
-    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 3})), "Panda", 21)
+    model = adapt_model(build_model(tiny_config(frame_skip=3)), "Panda", 21)
     save_checkpoint(tmp_path / "wm", model, {"model": dataclasses.asdict(model.config)})
     factory = functools.partial(libero_planner, world_model=str(tmp_path / "wm"), proposal=None, select="model",
                                 num_candidates=4, horizon=2)
