@@ -223,15 +223,13 @@ def _vlm_sizes(family: str, tiny: bool) -> dict[str, Any]:
 
 def transnormal(ctx: Ctx) -> Case:
     """SD2 UNet + SD VAE + DINOv3 ViT-L/16 at 768 px (``experiment=transnormal_paper``), micro-batch 2."""
-    import dataclasses
-
     from core.config import compose, to_object
-    from perception.normals.modeling_transnormal import TransNormalModel
+    from perception.normals.modeling_transnormal import TransNormalModel, tiny_config
     from perception.normals.pipeline_transnormal import TransNormalPipeline
 
     notes: list[str] = []
     if ctx.tiny:
-        cfg = dataclasses.replace(to_object(compose(["model=transnormal_tiny"]).model), image_size=32)
+        cfg = tiny_config()
     else:
         cfg = to_object(compose(["experiment=transnormal_paper"]).model)
     s, b = cfg.image_size, 2
@@ -404,7 +402,7 @@ def flexforcing(ctx: Ctx) -> Case:
     encoded once by the frozen VAE); inference is flex generation of the clip from one first-frame latent, decoded.
     """
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import generate
+    from perception.video.pipeline_flexforcing import generate
 
     notes: list[str] = []
     cfg = _flex_config(ctx.tiny)
@@ -480,13 +478,12 @@ def fera(ctx: Ctx) -> Case:
     per block, 64-wide heads, 1024-d cross-attention) over SD's 64 x 64 x 4 latents (512 px images)."""
     from core.config import compose, to_object
     from perception.adapters.backbones import BackboneConfig, FlowDenoiser, sample_images
-    from perception.adapters.modeling_fera import AdaptedDenoiser
+    from perception.adapters.modeling_fera import AdaptedDenoiser, tiny_config
 
     notes: list[str] = []
     adapter = to_object(compose(["adapter=fera"]).adapter)
     if ctx.tiny:
-        bcfg = BackboneConfig(kind="unet", image_size=16, channels=4, block_out_channels=[16, 32],
-                              attention_head_dim=8, cross_attention_dim=16)
+        bcfg = tiny_config("unet", channels=4).backbone()
     else:
         bcfg = BackboneConfig(kind="unet", image_size=64, channels=4, block_out_channels=[320, 640, 1280, 1280],
                               layers_per_block=2, attention_head_dim=64, cross_attention_dim=1024, context_tokens=77,
@@ -503,10 +500,10 @@ def sola(ctx: Ctx) -> Case:
     """SoLA at the schema's (GPU) size: icosphere level 5 (10,242 vertices), 4 stages 32-256, on 512 x 1024
     equirectangular panoramas."""
     from perception.spherical.configuration_sola import SoLAConfig
-    from perception.spherical.modeling_sola import SoLAModel
+    from perception.spherical.modeling_sola import SoLAModel, tiny_config
 
     notes: list[str] = []
-    cfg = SoLAConfig(level=2, channels=[16, 32], depths=[1, 1], head_dim=8) if ctx.tiny else SoLAConfig()
+    cfg = tiny_config() if ctx.tiny else SoLAConfig()
     h = 16 if ctx.tiny else 512
     model = build_on(ctx, lambda: SoLAModel(cfg), notes)
     b = 4
@@ -520,11 +517,10 @@ def sola(ctx: Ctx) -> Case:
 def lacwm(ctx: Ctx) -> Case:
     """LAC-WM at its schema's (paper) sizes: 64 px frames, 8 px patches, width 128, IDM 2 + FDM 4 blocks."""
     from worldmodels.lacwm.configuration_lacwm import LACWMConfig
-    from worldmodels.lacwm.modeling_lacwm import LACWorldModel
+    from worldmodels.lacwm.modeling_lacwm import LACWorldModel, tiny_config
 
     notes: list[str] = []
-    cfg = (LACWMConfig(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=1, latent_dim=8,
-                       latent_tokens=2, action_hidden=32, aug_shift=2) if ctx.tiny else LACWMConfig())
+    cfg = tiny_config(fdm_depth=1) if ctx.tiny else LACWMConfig()
     model = build_on(ctx, lambda: LACWorldModel(cfg), notes)
     b, s, k = 32, cfg.image_size, cfg.context
     frames = ctx.rand(b, k + 1, 3, s, s, uint8=True)
@@ -545,11 +541,10 @@ def bc(ctx: Ctx) -> Case:
     """Behaviour cloning at its schema's sizes (64 px, keypoint CNN 32-64-128, hidden 256, 8-step chunks) with a
     7-d action and 9-d proprio (a Franka arm's), batch 64."""
     from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel, tiny_config
 
     notes: list[str] = []
-    cfg = (BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
-                    action_dim=7, proprio_dim=9) if ctx.tiny else BCConfig(action_dim=7, proprio_dim=9))
+    cfg = tiny_config(action_dim=7, proprio_dim=9) if ctx.tiny else BCConfig(action_dim=7, proprio_dim=9)
     model = build_on(ctx, lambda: BCPolicyModel(cfg), notes)
     b, s = 64, cfg.image_size
     image, proprio = ctx.rand(b, 3, s, s, uint8=True), ctx.rand(b, cfg.proprio_dim, seed=1, normal=True)

@@ -51,7 +51,7 @@ def _configs(quick: bool, device: str):
     from core.config import compose, to_object
 
     if quick:
-        cfg = to_object(compose(["model=transnormal_tiny"]).model)
+        cfg = to_object(compose(["model=transnormal_workspace"]).model)
         return dataclasses.replace(cfg, image_size=64), 64, 10
     cfg = to_object(compose(["model=transnormal"]).model)
     size = 768 if device.startswith("cuda") else 256
@@ -69,7 +69,7 @@ def train_step_times(device: str, repeats: int, batch: int = 4, size: int = 64) 
     from core.config import compose, to_object
     from perception.normals.modeling_transnormal import TransNormalModel
 
-    cfg = dataclasses.replace(to_object(compose(["model=transnormal_tiny"]).model), image_size=size)
+    cfg = dataclasses.replace(to_object(compose(["model=transnormal_workspace"]).model), image_size=size)
     torch.manual_seed(0)
     model = TransNormalModel(cfg).to(device).train()
     g = torch.Generator().manual_seed(0)

@@ -110,6 +110,31 @@ def run_toy_training(out_dir: str | Path, overrides: dict[str, Any] | None = Non
     return trainer.fit()
 
 
+def folder_digest(folder: str | Path, recursive: bool = True, exclude: tuple[str, ...] = (),
+                  dirs: bool = False) -> dict[str, str]:
+    """The SHA-256 of every file under ``folder``, keyed by its POSIX path relative to ``folder``.
+
+    What a test compares before and after a call to show a folder was only read, or between two runs to show
+    they wrote the same bytes.
+
+    Args:
+        folder: The folder.
+        recursive: Also the files in sub-folders (False: only the files directly in ``folder``).
+        exclude: File names left out wherever they are (a ``meta.json`` that records timings, say).
+        dirs: Also list every sub-folder (its value ``""``), so that a new empty folder counts as a change.
+    """
+    import hashlib
+
+    folder = Path(folder)
+    out: dict[str, str] = {}
+    for p in sorted(folder.rglob("*") if recursive else folder.iterdir()):
+        if p.is_file() and p.name not in exclude:
+            out[p.relative_to(folder).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+        elif dirs and p.is_dir():
+            out[p.relative_to(folder).as_posix()] = ""
+    return out
+
+
 @dataclasses.dataclass
 class ModelExample:
     """A tiny model of a method and a fixed input: what the contract test checks for every registered method.

@@ -18,14 +18,13 @@ The method list is read from the registry when the tests are collected, so nothi
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 import torch
 
 from core.registry import MODELS, load_plugins, method_specs
-from core.testing import check_golden, example_checks, example_of
+from core.testing import check_golden, example_checks, example_of, folder_digest
 
 load_plugins()
 METHODS = [s.name for s in method_specs()]
@@ -46,15 +45,6 @@ def example(request, tmp_path_factory):
     if method not in _examples:
         _examples[method] = example_of(method, tmp_path_factory.mktemp(f"example_{method}"))
     return method, _examples[method]
-
-
-def _tree_digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        h.update(str(p.relative_to(folder)).encode())
-        if p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def test_method_list_is_not_empty():
@@ -110,7 +100,7 @@ def test_base_folders_referenced_not_written(example, tmp_path):
     if not bases:
         assert not model.base_fields or all(getattr(model.config, f) in (None, "") for f in model.base_fields)
         return
-    before = {k: _tree_digest(v) for k, v in bases.items()}
+    before = {k: folder_digest(v, dirs=True) for k, v in bases.items()}
     trained = model.trained_state_dict()
     assert 0 < len(trained) <= len(model.state_dict())
     ref = model.save_pretrained(tmp_path / "ref")
@@ -124,7 +114,7 @@ def test_base_folders_referenced_not_written(example, tmp_path):
     type(model).from_pretrained(ref)
     with pytest.raises(Exception, match="base"):
         model.save_pretrained(next(iter(bases.values())) / "inside")
-    assert {k: _tree_digest(v) for k, v in bases.items()} == before, "a base folder was written"
+    assert {k: folder_digest(v, dirs=True) for k, v in bases.items()} == before, "a base folder was written"
     own = model.save_pretrained(tmp_path / "own", copy_base=True)
     moved = tmp_path / "moved"
     shutil.move(str(own), moved)

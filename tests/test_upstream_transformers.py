@@ -8,7 +8,6 @@ absolute differences are printed (``pytest -s``) for the issue note.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from core.pretrained import read_card
+from core.testing import folder_digest
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -34,11 +34,6 @@ def _perturb(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
     with torch.no_grad():
         for p in module.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
-def _digests(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # -- Deep-VRM ----------------------------------------------------------------------------------------------------
@@ -246,7 +241,7 @@ def test_shipped_checkpoints_load_unchanged_and_re_export_upstream_folders(tmp_p
     from perception.forensics.configuration_deepvrm import VERDICT_PROMPT
     from perception.forensics.modeling_deepvrm import DeepVRM
 
-    before = {name: _digests(ASSETS / name) for name in ("deepvrm", "automot")}
+    before = {name: folder_digest(ASSETS / name) for name in ("deepvrm", "automot")}
     for name in before:
         assert "upstream" not in read_card(ASSETS / name)
         assert not (ASSETS / name / "adapter").exists() and not (ASSETS / name / "vlm").exists()
@@ -280,4 +275,4 @@ def test_shipped_checkpoints_load_unchanged_and_re_export_upstream_folders(tmp_p
     print(f"[shipped automot re-exported] Qwen2_5_VL.from_pretrained(vlm/) vs the shipped policy's VLM: "
           f"max |logits diff| = {diff:.3g}")
     assert diff <= 1e-6
-    assert {name: _digests(ASSETS / name) for name in before} == before  # read only
+    assert {name: folder_digest(ASSETS / name) for name in before} == before  # read only

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_paper_commands import save_qwen_folder, tree_digest
+from core.testing import folder_digest
+from tests.test_paper_commands import save_qwen_folder
 
 
 def path_options() -> set[tuple[str, str]]:
@@ -96,9 +97,9 @@ def timm_file(tmp: Path) -> Path:
 
 
 def assert_untouched(folder: Path, use) -> None:
-    before = tree_digest(folder if folder.is_dir() else folder.parent)
+    before = folder_digest(folder if folder.is_dir() else folder.parent)
     use()
-    after = tree_digest(folder if folder.is_dir() else folder.parent)
+    after = folder_digest(folder if folder.is_dir() else folder.parent)
     assert after == before, f"{folder} was written: {sorted(set(after) ^ set(before)) or 'contents changed'}"
 
 
@@ -128,16 +129,14 @@ def use_deepvrm(tmp: Path) -> None:
 
 def use_automot(tmp: Path) -> None:
     from core.vlm import load_vlm
-    from driving.automot.configuration_automot import AutoMoTModelConfig
-    from driving.automot.modeling_automot import DrivingVLA
+    from driving.automot.modeling_automot import DrivingVLA, tiny_config
     from driving.automot.task import build_policy
 
     base = qwen3_vl(tmp)
 
     def use():
-        cfg = AutoMoTModelConfig(base_path=str(base), image_size=32, history=1, refiner_steps=0,
-                                 mot=dict(expert_hidden_size=32, expert_intermediate_size=64, n_reason=2, n_route=4,
-                                          n_wp=3, n_target=2, ego_dim=6, wp_weights=[2.0, 1.0, 1.0]))
+        mot = {**tiny_config().mot, "n_route": 4, "n_wp": 3, "n_target": 2, "wp_weights": [2.0, 1.0, 1.0]}
+        cfg = tiny_config(base_path=str(base), history=1, refiner_steps=0, mot=mot)
         vla = build_policy(cfg, *load_vlm(base))
         assert vla.config.added_tokens  # the tokenizer split the meta-actions: added in memory only
         vla.save_pretrained(tmp / "policy")
@@ -147,8 +146,7 @@ def use_automot(tmp: Path) -> None:
 
 
 def use_transnormal(tmp: Path, which: str) -> None:
-    from perception.normals.modeling_transnormal import TransNormalModel
-    from tests.perception.normals.conftest import tiny_config
+    from perception.normals.modeling_transnormal import TransNormalModel, tiny_config
 
     if which == "unet":
         folder, kw = sd_unet(tmp), {}
@@ -210,14 +208,13 @@ def use_fera(tmp: Path) -> None:
 
 def use_fera_vae(tmp: Path) -> None:
     from perception.adapters.latent import resolve_base
-    from perception.normals.modeling_transnormal import TransNormalModel
-    from tests.perception.normals.conftest import tiny_config
+    from perception.normals.modeling_transnormal import TransNormalModel, tiny_config
 
     unet, vae = sd_unet(tmp, cross_attention_dim=32), tmp / "vae"
     TransNormalModel(tiny_config()).vae.save_pretrained(vae)  # a diffusers AutoencoderKL folder
-    before = tree_digest(unet)
+    before = folder_digest(unet)
     assert_untouched(vae, lambda: resolve_base(unet, vae))
-    assert tree_digest(unet) == before
+    assert folder_digest(unet) == before
 
 
 def use_tagrpo(tmp: Path, option: str) -> None:

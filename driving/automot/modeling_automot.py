@@ -64,7 +64,7 @@ from core.vlm import (
     vision_tower,
     vlm_inputs,
 )
-from driving.automot.configuration_automot import AutoMoTConfig, DrivingVLAConfig
+from driving.automot.configuration_automot import AutoMoTConfig, AutoMoTModelConfig, DrivingVLAConfig
 
 ROPE_THETA = 1_000_000.0  # the noreason arm's RoPE base (Qwen's)
 BLOCK_KINDS = ("causal", "full")
@@ -817,6 +817,23 @@ class DrivingVLA(PreTrainedModel):
         return losses
 
 
+def tiny_config(**overrides: Any) -> AutoMoTModelConfig:
+    """The tests' and smoke runs' AutoMoT (``model=automot_tiny``): a tiny Qwen2.5-VL-class understanding expert
+    (``vlm`` sizes, pretrained a few steps into ``base_path`` on first use), a narrow action expert, a small refiner
+    trained a few steps (``overrides`` replace fields)."""
+    kw: dict[str, Any] = dict(
+        base_path="outputs/automot/base_tiny", image_size=32,
+        vlm=dict(family="qwen2_5_vl", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                 vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2, patch_size=8,
+                 merge_size=2),
+        tokenizer_vocab=400, pretrain_steps=4, pretrain_batch=4,
+        mot=dict(expert_hidden_size=32, expert_intermediate_size=64, n_reason=2, n_route=20, n_wp=6, bev_channels=6,
+                 bev_patch=8, n_target=4, ego_dim=6),
+        refiner=dict(hidden=32, layers=1, steps=2), refiner_steps=4)
+    kw.update(overrides)
+    return AutoMoTModelConfig(**kw)
+
+
 def tiny_example(workdir: Path):
     """The contract test's ``ModelExample``: the ``automot`` arm (understanding expert fine-tuned, reasoning-text
     loss, a refiner) around a tiny Qwen2.5-VL base written once into ``workdir/base``."""
@@ -825,8 +842,7 @@ def tiny_example(workdir: Path):
     from driving.automot.configuration_automot import META_ACTIONS, REASON_PROMPT
 
     base = (Path(workdir) / "base").resolve()
-    sizes = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vision_depth=1,
-                 vision_hidden=32, vision_intermediate=64, vision_heads=2)
+    sizes = dict(tiny_config().vlm)
     if not (base / "config.json").is_file():
         tok = build_tokenizer([REASON_PROMPT, "Follow the road. Turn left in 30 m.", *META_ACTIONS] * 4,
                               vocab_size=300)
@@ -865,4 +881,4 @@ def tiny_example(workdir: Path):
                         train_inputs=lambda: batch(True), run=lambda m, b: m(b))
 
 
-__all__ = ["AutoMoT", "AutoMoTOutput", "DrivingVLA", "PrefixCache", "block_mask", "tiny_example"]
+__all__ = ["AutoMoT", "AutoMoTOutput", "DrivingVLA", "PrefixCache", "block_mask", "tiny_config", "tiny_example"]

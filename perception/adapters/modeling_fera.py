@@ -42,9 +42,14 @@ from torch import nn
 
 from core.errors import CheckpointError, ConfigError
 from core.pretrained import PreTrainedModel
-from perception.adapters.configuration_fera import AdaptedDenoiserConfig, AdapterConfig, LatentSettings
+from perception.adapters.configuration_fera import (
+    AdaptedDenoiserConfig,
+    AdapterConfig,
+    FeRAModelConfig,
+    LatentSettings,
+)
 
-__all__ = ["ADAPTER_TENSORS", "AdaptedDenoiser", "example", "is_adapter_key", "load_base_denoiser"]
+__all__ = ["ADAPTER_TENSORS", "AdaptedDenoiser", "example", "is_adapter_key", "load_base_denoiser", "tiny_config"]
 
 #: State-dict name segments of the tensors an arm trains (FeRA's experts and peft's LoRA / DoRA layers).
 ADAPTER_TENSORS = ("lora_A", "lora_B", "lora_magnitude_vector")
@@ -237,7 +242,26 @@ def load_base_denoiser(base_path: str | Path, vae_path: str | Path = "", latent:
     return load_denoiser(base_path)
 
 
-# -- the contract test's tiny model --------------------------------------------------------------------------
+# -- tiny configs and the contract test's tiny model --------------------------------------------------------
+def tiny_config(kind: str = "unet", **overrides: Any) -> FeRAModelConfig:
+    """The tests' and smoke runs' pixel base (``model=fera_unet_tiny`` / ``model=fera_dit_tiny``): small images, a
+    narrow UNet or a shallow DiT, a few pretraining steps (``overrides`` replace fields).
+
+    Args:
+        kind: ``unet`` or ``dit``; ``.backbone()`` of the result is the ``BackboneConfig`` of a ``FlowDenoiser``.
+    """
+    common: dict[str, Any] = dict(kind=kind, image_size=16, pretrain_steps=4, pretrain_batch=4, sample_steps=2,
+                                  pretrain_dir=f"outputs/fera/base_{kind}_tiny")
+    sizes: dict[str, dict[str, Any]] = {
+        "unet": dict(block_out_channels=[16, 32], attention_levels=None, layers_per_block=1, attention_head_dim=8,
+                     cross_attention_dim=16),
+        "dit": dict(dit_layers=2, dit_heads=2, dit_head_dim=16, patch_size=2),
+    }
+    if kind not in sizes:
+        raise ValueError(f"kind must be one of {sorted(sizes)}, got {kind!r}")
+    return FeRAModelConfig(**{**common, **sizes[kind], **overrides})
+
+
 def example(workdir: Path):
     """A tiny FeRA-adapted UNet denoiser (8 px) on a tiny base written once into ``workdir``, and a fixed batch.
 
@@ -245,14 +269,14 @@ def example(workdir: Path):
     2-expert FeRA adapter whose up-projections are drawn from the global RNG (so the adapter changes the output).
     """
     from core.testing import ModelExample
-    from perception.adapters.backbones import BASE_RUN_CONFIG, BackboneConfig, FlowDenoiser
+    from perception.adapters.backbones import BASE_RUN_CONFIG, FlowDenoiser
 
     base = Path(workdir) / "fera_base"
     if not (base / "config.json").is_file():
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            denoiser = FlowDenoiser(BackboneConfig(kind="unet", image_size=8, block_out_channels=[8, 16],
-                                                   attention_head_dim=8, cross_attention_dim=8, context_tokens=2))
+            denoiser = FlowDenoiser(tiny_config("unet", image_size=8, block_out_channels=[8, 16],
+                                                cross_attention_dim=8, context_tokens=2).backbone())
         denoiser.save_pretrained(base, run_config=dict(BASE_RUN_CONFIG), card={"data": "none (random init)"})
     adapter = AdapterConfig(name="fera", kind="fera", rank=2, num_experts=2, alpha=4.0, kappa_divisor=8.0,
                             router_hidden=8)

@@ -341,6 +341,19 @@ def hidden_states_before_layers(model: DeepVRM, images: torch.Tensor, input_ids:
     return seen
 
 
+def tiny_config(**overrides: Any) -> DeepVRMModelConfig:
+    """The tests' and smoke runs' Deep-VRM (``model=deepvrm_tiny``): a tiny Qwen2.5-VL-class base (``vlm`` sizes,
+    pretrained a few steps into ``base_path`` on first use), low LoRA ranks (``overrides`` replace fields)."""
+    kw: dict[str, Any] = dict(
+        base_path="outputs/deepvrm/base_tiny", image_size=32,
+        vlm=dict(family="qwen2_5_vl", hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2, num_kv_heads=1,
+                 vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2, patch_size=8,
+                 merge_size=2),
+        tokenizer_vocab=300, pretrain_steps=4, pretrain_batch=4, inject_layer=2, lora_rank=2, va_lora_rank=2)
+    kw.update(overrides)
+    return DeepVRMModelConfig(**kw)
+
+
 def tiny_example(workdir: Path):
     """The contract test's ``ModelExample``: the ``deepvrm`` arm in stage 2 (residual path on, LoRA made to act)
     around a tiny Qwen2.5-VL base written once into ``workdir/base`` with ``core.vlm.save_vlm``."""
@@ -352,15 +365,13 @@ def tiny_example(workdir: Path):
     if not (base / "config.json").is_file():
         tok = build_tokenizer([VERDICT_PROMPT, EXPLAIN_PROMPT, "real", "fake", "fake. it is upsampled"] * 4,
                               vocab_size=300)
-        vcfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2,
-                         num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2)
+        vcfg = VLMConfig(vocab_size=len(tok), **{**tiny_config().vlm, "num_layers": 3})
         with torch.random.fork_rng():
             torch.manual_seed(0)
             vlm = build_vlm(vcfg)
         save_vlm(base, vlm, tok, vcfg.patch_spec(32))
     tok = load_tokenizer(base)
-    config = DeepVRMModelConfig(arm="deepvrm", base_path=str(base), image_size=32, inject_layer=1, lora_rank=2,
-                                lora_alpha=4.0, va_lora_rank=2)
+    config = tiny_config(base_path=str(base), inject_layer=1, lora_alpha=4.0)
 
     def build() -> DeepVRM:
         model = DeepVRM(config)
@@ -386,4 +397,4 @@ def tiny_example(workdir: Path):
                         run=lambda m, b: m(**b).logits)
 
 
-__all__ = ["ARMS", "DeepVRM", "IGNORE", "hidden_states_before_layers", "high_pass", "tiny_example"]
+__all__ = ["ARMS", "DeepVRM", "IGNORE", "hidden_states_before_layers", "high_pass", "tiny_config", "tiny_example"]

@@ -9,7 +9,8 @@ Three groups of the config tree:
 - ``model`` (``tagrpo_model_schema``): the image-to-video policy, i.e. which pretrained video model (a
   Flex-Forcing checkpoint: its DiT conditioned on a clean first frame) and its sampler.
 - ``data`` (``tagrpo_data_schema``): conditioning images (frames of the simulator's motion clips, whose next
-  frames are the physically correct continuation), held-out images, and the reward.
+  frames are the physically correct continuation: ``core.data.video_clips.VideoClipsConfig``, the clips
+  Flex-Forcing trains on), held-out images, and the reward.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.config import choice, schema
+from core.data.video_clips import VideoClipsConfig
 from core.errors import ConfigError
 
 LOSSES = ("contrastive", "grpo")
@@ -128,28 +130,34 @@ class TAGRPOModelConfig:
             raise ConfigError("model.sample_steps must be >= 1 and model.sample_shift > 0")
 
 
+def tiny_config(**overrides: Any) -> TAGRPOModelConfig:
+    """The tests' policy: a short sampling grid around ``base_path``, which the tests set to a tiny Flex-Forcing
+    folder (one saved from ``perception.video.modeling_flexforcing.tiny_config()``, as the contract example's in
+    ``perception.i2v_rl.policy.example``); ``overrides`` replace fields. TAGRPO has no model YAML of its own to keep
+    equal: a tiny run composes ``model.base_path`` with a tiny base."""
+    kw: dict[str, Any] = dict(sample_steps=4)
+    kw.update(overrides)
+    return TAGRPOModelConfig(**kw)
+
+
 @schema("data", "tagrpo_data_schema")
 @dataclass
-class TAGRPODataConfig:
+class TAGRPODataConfig(VideoClipsConfig):
     """Conditioning images and rewards.
 
     Training images: ``train_images`` windows drawn (seed ``pool_seed``) from the simulator clips under ``root``
-    (``sim.render.videos``, rendered on first use with ``render_*``): the window's first frame is the condition,
-    its frames are the physically correct continuation the rewards compare with. ``images_per_iteration``
-    images per iteration, G rollouts each. Held-out: the first frames of the ``heldout_images`` clips under
-    ``test_root`` (other seed, other scenes), sampled with the ODE at ``eval_seed``'s fixed noise every
-    ``eval_every`` iterations. ``rewards``: name -> weight (``perception.i2v_rl.rewards.REWARDS``).
+    (the fields of ``VideoClipsConfig``, rendered on first use with ``render_*``): the window's first frame is
+    the condition, its frames are the physically correct continuation the rewards compare with.
+    ``images_per_iteration`` images per iteration, G rollouts each. Held-out: the first frames of the
+    ``heldout_images`` clips under ``test_root`` (other seed, other scenes; by default TAGRPO's own held-out
+    folder, rendered shorter than Flex-Forcing's), sampled with the ODE at ``eval_seed``'s fixed noise every
+    ``eval_every`` iterations. ``size`` is square (an int). ``rewards``: name -> weight
+    (``perception.i2v_rl.rewards.REWARDS``).
     """
 
-    root: str = "outputs/datasets/videos_flex"
     size: int = 32
-    render_n: int = 240
-    render_frames: int = 24
-    render_seed: int = 0
     test_root: str = "outputs/datasets/videos_flex_test"
-    test_n: int = 24
     test_frames: int = 66
-    test_seed: int = 5000
     train_images: int = 32
     pool_seed: int = 0
     images_per_iteration: int = 2
@@ -159,8 +167,7 @@ class TAGRPODataConfig:
     rewards: dict[str, float] = field(default_factory=lambda: {"psnr": 1.0})
 
     def __post_init__(self) -> None:
-        if self.size < 8 or self.size % 2:
-            raise ConfigError(f"data.size must be even and >= 8, got {self.size}")
+        super().__post_init__()
         if self.train_images < 1 or self.images_per_iteration < 1 or self.heldout_images < 1:
             raise ConfigError("data.train_images, data.images_per_iteration and data.heldout_images must be >= 1")
         if self.heldout_images > self.test_n:

@@ -2,7 +2,7 @@
 
 ``TransNormalConfig`` defaults are the paper's: a Stable-Diffusion-2 UNet (768 px, 96x96 latents), the
 SD VAE (factor 8, 4 latent channels, scaling 0.18215), DINOv3 ViT-L/16 context projected to the UNet's
-1024-d cross-attention, timestep 999, loss weights 1 / 1 / 1 / 0.1. ``configs/model/transnormal_tiny.yaml``
+1024-d cross-attention, timestep 999, loss weights 1 / 1 / 1 / 0.1. ``configs/model/transnormal_workspace.yaml``
 shrinks every size so the model trains on CPU in minutes.
 
 ``TransNormalDataConfig`` is the data node of ``embodied train transnormal``: an embodied-dense folder

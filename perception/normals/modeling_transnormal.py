@@ -635,16 +635,24 @@ class VAEAutoencoder(nn.Module):
         return {"loss": loss_rec + self.kl_weight * kl, "loss_rec": loss_rec.detach(), "kl": kl.detach()}
 
 
-def example(workdir: Path) -> ModelExample:
-    """The contract test's tiny TransNormal (2-level UNet, VAE factor 2, a 1-layer DINOv3) and a fixed batch."""
-    from core.testing import ModelExample
-
-    cfg = TransNormalConfig(
+def tiny_config(**overrides: Any) -> TransNormalConfig:
+    """The tests' TransNormal, well under a second a step on a CPU: a shallow UNet and VAE and a one-layer random
+    DINOv3 (``overrides`` replace fields)."""
+    kw: dict[str, Any] = dict(
         image_size=32, block_out_channels=[16, 32], down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
         up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"], layers_per_block=1, attention_head_dim=[8],
         cross_attention_dim=16, norm_num_groups=8, vae_block_out_channels=[8, 16], vae_layers_per_block=1,
         vae_norm_num_groups=8, scaling_factor=1.0, dino_model="vit_small_patch16_dinov3",
         dino_kwargs={"embed_dim": 16, "depth": 1, "num_heads": 2})
+    kw.update(overrides)
+    return TransNormalConfig(**kw)
+
+
+def example(workdir: Path) -> ModelExample:
+    """The contract test's tiny TransNormal (``tiny_config()``) and a fixed batch."""
+    from core.testing import ModelExample
+
+    cfg = tiny_config()
 
     def batch() -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(0)

@@ -228,11 +228,19 @@ class SoLAModel(PreTrainedModel):
                 "depth_sphere": out["depth"], "logits_sphere": out["logits"]}
 
 
+def tiny_config(**overrides: Any) -> SoLAConfig:
+    """The tests' and smoke runs' SoLA (``model=sola_tiny``): two stages on a coarse icosphere, seconds on a CPU
+    (``overrides`` replace fields)."""
+    kw: dict[str, Any] = dict(level=2, channels=[16, 32], depths=[1, 1], head_dim=8)
+    kw.update(overrides)
+    return SoLAConfig(**kw)
+
+
 def example(workdir: Path) -> ModelExample:
-    """The contract test's tiny SoLA (level-2 icosphere, two stages) on fixed vertex colours / panoramas."""
+    """The contract test's tiny SoLA (``tiny_config()``, 5 classes) on fixed vertex colours / panoramas."""
     from core.testing import ModelExample
 
-    cfg = SoLAConfig(level=2, channels=[16, 32], depths=[1, 1], head_dim=8, num_classes=5)
+    cfg = tiny_config(num_classes=5)
 
     def train_batch() -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(0)

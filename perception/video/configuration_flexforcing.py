@@ -12,8 +12,9 @@
 - ``k_projection``: the zero-initialised projection of earlier chunks' keys, conditioned on the querying
   chunk's noise level (Flex-Forcing only).
 
-``VideoDataConfig`` (``data`` group, schema ``flexforcing_videos_schema``): the simulator clips
-(``sim.render.videos``, rendered on first use) and the evaluation protocol.
+``FlexVideoDataConfig`` (``data`` group, schema ``flexforcing_videos_schema``): the simulator clips
+(``core.data.video_clips.VideoClipsConfig``: ``sim.render.videos``, rendered on first use) and the evaluation
+protocol.
 """
 
 from __future__ import annotations
@@ -22,23 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.config import choice, schema
+from core.data.video_clips import VideoClipsConfig, frame_hw
 from core.errors import ConfigError
 
 CHUNKINGS = ("random", "one", "singletons")
 NOISES = ("per_chunk", "per_clip")
 REGIMES = ("bidirectional", "autoregressive", "flex", "chunked")
 ATTENTIONS = ("auto", "sdpa", "flex")
-
-
-def frame_hw(value: Any, key: str) -> tuple[int, int]:
-    """A frame size given as an int (square) or ``[H, W]`` -> (H, W); a one-line ``ConfigError`` naming ``key``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value, value
-    try:
-        h, w = (int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be an int or [H, W], got {value!r}") from None
-    return h, w
 
 
 @schema("model", "flexforcing_schema")
@@ -204,8 +195,9 @@ class FlexForcingConfig:
 
 @schema("data", "flexforcing_videos_schema")
 @dataclass
-class FlexVideoDataConfig:
-    """Simulator clips for Flex-Forcing (``sim.render.videos``), rendered on first use when ``root`` is missing.
+class FlexVideoDataConfig(VideoClipsConfig):
+    """Simulator clips for Flex-Forcing (the fields of ``VideoClipsConfig``), rendered on first use when ``root``
+    is missing; ``size`` is an int or ``[H, W]``.
 
     Training reads ``model.num_frames``-frame windows (every ``window_step`` frames) of the ``train`` split;
     evaluation continues the first ``context`` frames of each ``test`` clip to ``eval_frames`` frames (the
@@ -213,15 +205,6 @@ class FlexVideoDataConfig:
     regime of ``regimes``, ``max_test`` clips at most, on ``seeds``.
     """
 
-    root: str = "outputs/datasets/videos_flex"
-    size: Any = 32
-    render_n: int = 240
-    render_frames: int = 24
-    render_seed: int = 0
-    test_root: str = "outputs/datasets/videos_flex_test73"
-    test_n: int = 24
-    test_frames: int = 73
-    test_seed: int = 5000
     window_step: int = 1
     context: int = 2
     eval_frames: int = 73
@@ -233,10 +216,7 @@ class FlexVideoDataConfig:
     def __post_init__(self):
         for r in self.regimes:
             choice("data.regimes", r, REGIMES)
-        if min(self.frame_hw) < 8 or any(v % 2 for v in self.frame_hw):
-            raise ConfigError(f"data.size must be even and >= 8, got {self.size}")
-        if self.render_n < 2 or self.test_n < 1:
-            raise ConfigError("data.render_n must be >= 2 and data.test_n >= 1")
+        super().__post_init__()
         if self.context < 1:
             raise ConfigError(f"data.context must be >= 1, got {self.context}")
         if not self.context < self.eval_frames <= self.test_frames:
@@ -244,9 +224,3 @@ class FlexVideoDataConfig:
                               f"{self.eval_frames}, {self.test_frames}")
         if self.window_step < 1 or self.batch_size < 1:
             raise ConfigError("data.window_step and data.batch_size must be >= 1")
-
-    @property
-    def frame_hw(self) -> tuple[int, int]:
-        """(H, W) of the clips' frames: ``size`` square, or ``[H, W]`` (the simulator renders squares of the
-        longer side; the loader resizes them to (H, W))."""
-        return frame_hw(self.size, "data.size")

@@ -22,7 +22,7 @@ Wan2.1-T2V-1.3B; here the backbone *is* Wan's, as diffusers ships it:
   image-to-video is exactly such a prefix (Wan2.2-TI2V's layout). The baselines are the same class trained with
   ``chunking=one, noise=per_clip`` (bidirectional-only) or ``chunking=singletons`` (AR-only).
 
-Sampling in every regime lives in ``perception.video.sampling``.
+Sampling in every regime lives in ``perception.video.pipeline_flexforcing``.
 """
 
 from __future__ import annotations
@@ -221,10 +221,11 @@ class FlexForcingModel(PreTrainedModel):
 
 
 def tiny_config(**overrides) -> FlexForcingConfig:
-    """The tests' Flex-Forcing: 16 px frames, a 2-level Wan VAE (8 x 8 x 4 latents), a 2-block Wan of width 32."""
+    """The tests' and smoke runs' Flex-Forcing (``model=flexforcing_tiny``): small frames, a shallow Wan VAE
+    pretrained a few steps, a thin Wan transformer (``overrides`` replace fields)."""
     kw = dict(frame_size=16, latent_channels=4, vae_base_dim=8, vae_dim_mult=[1, 2], vae_temporal_downsample=[False],
-              vae_clip_frames=3, patch=2, num_heads=2, head_dim=16, depth=2, ffn_dim=64, text_dim=16, freq_dim=32,
-              num_frames=6, sample_steps=4, pyramid_levels=3)
+              vae_clip_frames=3, vae_pretrain_steps=4, patch=2, num_heads=2, head_dim=16, depth=2, ffn_dim=64,
+              text_dim=16, freq_dim=32, num_frames=6, sample_steps=4, pyramid_levels=3)
     kw.update(overrides)
     return FlexForcingConfig(**kw)
 

@@ -12,7 +12,7 @@ from torch import nn
 from core.checkpoint import EMA_FILE, MODEL_FILE, load_weights, resolve_checkpoint
 from core.errors import CheckpointError
 from core.pretrained import PreTrainedModel, dataclass_from_dict, read_card, read_config
-from core.testing import ToyRegressor
+from core.testing import ToyRegressor, folder_digest
 
 
 @dataclasses.dataclass
@@ -195,13 +195,6 @@ class _Adapter(PreTrainedModel):
         return {k: v for k, v in self.state_dict().items() if not k.startswith("base.")}
 
 
-def _digest(folder):
-    import hashlib
-
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture
 def adapter(tmp_path):
     torch.manual_seed(0)
@@ -214,7 +207,7 @@ def test_adapter_references_its_base_and_stores_only_what_it_trained(adapter, tm
     from core.checkpoint import load_weights
 
     model, base = adapter
-    before = _digest(base)
+    before = folder_digest(base)
     out = model.save_pretrained(tmp_path / "export")
     assert sorted(load_weights(out / "model.safetensors")) == ["down.weight", "up.weight"]
     cfg = read_config(out)
@@ -223,7 +216,7 @@ def test_adapter_references_its_base_and_stores_only_what_it_trained(adapter, tm
     loaded = _Adapter.from_pretrained(out)
     x = torch.randn(3, 8)
     assert torch.equal(loaded(x), model.eval()(x))
-    assert _digest(base) == before
+    assert folder_digest(base) == before
 
 
 def test_adapter_copy_base_is_self_contained(adapter, tmp_path):
@@ -289,7 +282,7 @@ def test_training_checkpoints_of_a_model_around_a_base_hold_only_what_it_trains(
     from core.trainer import Trainer, seed_everything
 
     model, base = adapter
-    before = _digest(base)
+    before = folder_digest(base)
 
     class Step(_Adapter):
         method = "toy_adapter"
@@ -317,7 +310,7 @@ def test_training_checkpoints_of_a_model_around_a_base_hold_only_what_it_trains(
     loaded = Step(model.config)
     load_checkpoint(tmp_path / "a", loaded)  # the base part comes from the base folder, not the file
     assert torch.equal(loaded.up.weight, straight.up.weight)
-    assert _digest(base) == before
+    assert folder_digest(base) == before
 
 
 def test_save_upstream_folders_land_in_the_export_and_the_card(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from torch import nn
 
 from core.checkpoint import save_checkpoint
 from core.pretrained import PreTrainedModel, read_card
+from core.testing import folder_digest
 from embodied.models import find_models, list_models
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,11 +36,6 @@ class _Listed(PreTrainedModel):
         super().__init__()
         self.config = config
         self.net = nn.Linear(config.width, 3)
-
-
-def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _users_folder(tmp_path: Path) -> Path:
@@ -94,7 +89,7 @@ def test_every_shipped_checkpoint_is_listed_with_its_card():
 
 def test_the_command_from_a_users_folder_lists_and_never_writes(tmp_path):
     user = _users_folder(tmp_path)
-    before = _digest(user)
+    before = folder_digest(user)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     assert REPO not in cwd.resolve().parents
@@ -106,7 +101,7 @@ def test_the_command_from_a_users_folder_lists_and_never_writes(tmp_path):
     assert "exports/good  (local:" in proc.stdout and "metrics: success=0.75  split.n=40" in proc.stdout
     assert "runs/r1  (local:" in proc.stdout and "checkpoint: step_20" in proc.stdout
     assert "sola  (shipped:" in proc.stdout
-    assert _digest(user) == before and not list(cwd.iterdir())
+    assert folder_digest(user) == before and not list(cwd.iterdir())
 
     proc = subprocess.run([EMBODIED, "models", "--no-shipped", "--json", str(user / "exports" / "good")], cwd=cwd,
                           env=ENV, capture_output=True, text=True, timeout=300)

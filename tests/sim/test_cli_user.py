@@ -32,11 +32,9 @@ def noise(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def reach_bc(tmp_path_factory) -> Path:
     """A BC checkpoint as `embodied train bc` writes it for Reach-Panda (proprio 23, 7-d actions), untrained."""
-    from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel, tiny_config
 
-    cfg = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
-                   action_dim=7, proprio_dim=23)
+    cfg = tiny_config(action_dim=7, proprio_dim=23)
     out = tmp_path_factory.mktemp("user") / "bc_reach"
     BCPolicyModel(cfg).save_pretrained(out, run_config={"method": "bc", "env": {"id": "embodied/Reach-Panda-v0"}})
     return out

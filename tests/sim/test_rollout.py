@@ -200,10 +200,9 @@ class _EncodingBC(torch.nn.Module):
 
 
 def _bc_factory(log: list, env: gym.Env):
-    from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicy
+    from worldmodels.bc.modeling_bc import BCPolicy, tiny_config
 
-    cfg = BCConfig(channels=[8, 16], image_size=16, horizon=4, n_action_steps=3, action_dim=1, proprio_dim=2)
+    cfg = tiny_config(n_action_steps=3, action_dim=1, proprio_dim=2)
     return BCPolicy(_EncodingBC(cfg, log), env.action_space.low, env.action_space.high)
 
 

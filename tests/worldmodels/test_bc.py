@@ -1,4 +1,5 @@
-"""The reference method end to end: model checks, loss falls on recorded demos, closed-loop policy."""
+"""The reference method end to end: loss falls on recorded demos, closed-loop policy (the model checks of
+``tiny_config()`` run in tests/test_model_contract.py)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,9 @@ import pytest
 import torch
 
 from core.config import compose
-from core.testing import ModelChecks
-from worldmodels.bc.configuration_bc import BCConfig
-from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, SpatialSoftmax
+from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, SpatialSoftmax, tiny_config
 
-TINY = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
-                action_dim=3, proprio_dim=5)
-
-
-class TestBCModel(ModelChecks):
-    def make_model(self):
-        return BCPolicyModel(TINY)
-
-    def make_batch(self):
-        g = torch.Generator().manual_seed(0)
-        return {"image": torch.randint(0, 256, (2, 3, 16, 16), generator=g, dtype=torch.uint8),
-                "proprio": torch.randn(2, 5, generator=g)}
-
-    def make_train_batch(self):  # TrajectoryDataset windows: one stacked frame, a padded action chunk
-        b = self.make_batch()
-        g = torch.Generator().manual_seed(1)
-        return {"obs.image": b["image"][:, None], "obs.proprio": b["proprio"][:, None],
-                "actions": torch.randn(2, 4, 3, generator=g),
-                "actions_is_pad": torch.tensor([[False] * 4, [False, False, True, True]])}
+TINY = tiny_config(action_dim=3, proprio_dim=5)  # the contract example's config (its model checks run there)
 
 
 def test_spatial_softmax_finds_the_peak():

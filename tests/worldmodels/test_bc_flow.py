@@ -10,11 +10,9 @@ import torch
 
 from core.errors import ConfigError
 from core.testing import ModelChecks
-from worldmodels.bc.configuration_bc import BCConfig
-from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, FlowHead
+from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, FlowHead, tiny_config
 
-FLOW = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=32, horizon=4, n_action_steps=2, image_size=16,
-                action_dim=3, proprio_dim=5, head="flow", flow_steps=4, dropout=0.0)
+FLOW = tiny_config(hidden_dim=32, action_dim=3, proprio_dim=5, head="flow", flow_steps=4, dropout=0.0)
 
 
 class TestBCFlowModel(ModelChecks):

@@ -9,14 +9,12 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from worldmodels.bc.configuration_bc import BCConfig
-from worldmodels.bc.modeling_bc import BCPolicyModel, normalize_instruction
+from worldmodels.bc.modeling_bc import BCPolicyModel, normalize_instruction, tiny_config
 
 TEXTS = ["pick up the black bowl next to the plate", "pick up the black bowl on the stove"]
-MULTI = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=32, horizon=4, n_action_steps=2, image_size=16,
-                 image_key="agentview_rgb", wrist_image_key="eye_in_hand_rgb", proprio_key="ee_states",
-                 extra_proprio_keys=["gripper_states"], language=True, task_texts=TEXTS, text_dim=6,
-                 action_dim=7, proprio_dim=8, dropout=0.0)
+MULTI = tiny_config(hidden_dim=32, image_key="agentview_rgb", wrist_image_key="eye_in_hand_rgb",
+                    proprio_key="ee_states", extra_proprio_keys=["gripper_states"], language=True, task_texts=TEXTS,
+                    text_dim=6, action_dim=7, proprio_dim=8, dropout=0.0)
 
 
 def _model(seed: int = 0, **changes) -> BCPolicyModel:
@@ -92,7 +90,7 @@ def test_instruction_lookup_ignores_case_spacing_and_period():
 
 
 class _LiberoLikeEnv:
-    """What load_policy sees of a LiberoEnv: its spaces, metadata and the demo-key mapping."""
+    """What make_policy sees of a LiberoEnv: its spaces, metadata and the demo-key mapping."""
 
     def __init__(self, metadata):
         from sim.libero.env import LiberoEnv
@@ -115,7 +113,7 @@ def test_a_policy_trained_on_demo_files_reads_the_libero_env(tmp_path, monkeypat
     # the demo files' instruction (LIBERO's BDDL text) is in the table; the env's benchmark text is not
     env = _LiberoLikeEnv({"language_instruction": "put the bowl on the stove", "bddl_language": TEXTS[1]})
     monkeypatch.setattr(task, "load_text_encoder", lambda path: pytest.fail("a trained task needs no encoder"))
-    policy = task.load_policy(tmp_path / "ckpt", env)
+    policy = task.make_policy(env, tmp_path / "ckpt")
     assert dict(policy.expects.observation) == {"image": (16, 16, 3), "wrist_image": (16, 16, 3), "proprio": (None,)}
     torch.testing.assert_close(policy.text[0], m.task_embeddings[1])
     rng = np.random.default_rng(0)
@@ -135,12 +133,12 @@ def test_a_policy_trained_on_demo_files_reads_the_libero_env(tmp_path, monkeypat
             return torch.full((1, 6), 0.5)
 
     monkeypatch.setattr(task, "load_text_encoder", lambda path: Stub())
-    policy = task.load_policy(tmp_path / "ckpt", _LiberoLikeEnv({"language_instruction": "stack the bowls"}))
+    policy = task.make_policy(_LiberoLikeEnv({"language_instruction": "stack the bowls"}), tmp_path / "ckpt")
     torch.testing.assert_close(policy.text[0], torch.full((6,), 0.5))
     from core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no language_instruction"):
-        task.load_policy(tmp_path / "ckpt", _LiberoLikeEnv({}))
+        task.make_policy(_LiberoLikeEnv({}), tmp_path / "ckpt")
 
 
 def test_save_load_is_bit_exact_with_the_task_table(tmp_path):

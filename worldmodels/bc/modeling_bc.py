@@ -433,12 +433,21 @@ class BCPolicy:
         return self.act_batch({k: np.asarray(v)[None] for k, v in obs.items()}, [info])[0]
 
 
+def tiny_config(**overrides: Any) -> BCConfig:
+    """The tests' and smoke runs' BC policy (``model=bc_tiny``): a small CNN on small frames, short chunks;
+    ``action_dim`` / ``proprio_dim`` stay 0 (filled in from the data) unless given (``overrides`` replace fields)."""
+    kw: dict[str, Any] = dict(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2,
+                              image_size=16)
+    kw.update(overrides)
+    return BCConfig(**kw)
+
+
 def example(workdir: Path) -> ModelExample:
-    """The contract test's tiny BC policy (16 px, 4 keypoints) on a fixed observation / action window."""
+    """The contract test's tiny BC policy (``tiny_config()``, 3-d actions, 5-d proprio) on a fixed observation /
+    action window."""
     from core.testing import ModelExample
 
-    cfg = BCConfig(channels=[8, 16], num_keypoints=4, hidden_dim=16, horizon=4, n_action_steps=2, image_size=16,
-                   action_dim=3, proprio_dim=5)
+    cfg = tiny_config(action_dim=3, proprio_dim=5)
 
     def inputs() -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(0)

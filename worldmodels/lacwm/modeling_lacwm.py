@@ -371,31 +371,6 @@ class WorldModel(PreTrainedModel):
             parts = [names[id(p)] for p in self.lora_parts()]
             inject_lora(self, c.lora_targets, rank=c.lora_rank, within=parts)
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path, *args: Any, **kwargs: Any) -> WorldModel:
-        """``PreTrainedModel.from_pretrained``; a checkpoint whose LoRA keys predate peft fails with a
-        one-line error that names the converter (``core.layers.convert_legacy_lora_checkpoint``, once, in
-        place)."""
-        from safetensors import safe_open
-
-        from core.checkpoint import resolve_checkpoint
-        from core.errors import CheckpointError
-
-        try:
-            return super().from_pretrained(path, *args, **kwargs)
-        except CheckpointError as e:
-            try:
-                ckpt = resolve_checkpoint(path)
-                with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-                    legacy = any(k.endswith(".lora_A") for k in f.keys())
-            except Exception:  # unreadable: the original error says why
-                legacy = False
-            if legacy:
-                fix = f"from core.layers import convert_legacy_lora_checkpoint as c; c('{ckpt}')"
-                raise CheckpointError(f"{e}. Its LoRA keys are the pre-peft layout: convert the folder once "
-                                      f"with `python -c \"{fix}\"`") from None
-            raise
-
     def lora_parts(self) -> list[nn.Module]:
         """The sub-networks that get LoRA on adaptation."""
         return [self.fdm]
@@ -557,14 +532,32 @@ def build_model(config: LACWMConfig) -> WorldModel:
     return LACWorldModel(config) if config.conditioning == "latent" else EACWorldModel(config)
 
 
+def tiny_config(arm: str = "lacwm", **overrides: Any) -> LACWMConfig:
+    """The tests' and smoke runs' world model (``model=lacwm_tiny`` / ``model=eacwm_tiny``): small frames, thin
+    transformers, a few adaptation steps per stage (``overrides`` replace fields).
+
+    Args:
+        arm: ``lacwm`` (an ``LACWMConfig``) or ``eacwm`` (an ``EACWMConfig``: explicit actions).
+    """
+    from worldmodels.lacwm.configuration_lacwm import AdaptConfig, EACWMConfig
+
+    classes = {"lacwm": LACWMConfig, "eacwm": EACWMConfig}
+    if arm not in classes:
+        raise ValueError(f"arm must be one of {sorted(classes)}, got {arm!r}")
+    kw: dict[str, Any] = dict(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2,
+                              latent_dim=8, latent_tokens=2, action_hidden=32, aug_shift=2,
+                              adapt=AdaptConfig(stage_steps=[2, 2, 2], batch_size=4))
+    kw.update(overrides)
+    return classes[arm](**kw)
+
+
 def example(workdir: Path) -> ModelExample:
-    """The contract test's tiny LAC-WM (16 px, 2-frame context, one embodiment's projector): reconstruction and a
-    one-step prediction from explicit actions. The projectors train only in adaptation, so no gradient here."""
+    """The contract test's tiny LAC-WM (``tiny_config()`` with a 2-frame context and one embodiment's projector):
+    reconstruction and a one-step prediction from explicit actions. The projectors train only in adaptation, so
+    no gradient here."""
     from core.testing import ModelExample
 
-    cfg = LACWMConfig(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2, latent_dim=8,
-                      latent_tokens=2, action_hidden=32, aug_shift=2, context=2, temporal_attention=True,
-                      projectors={"Arm": 5})
+    cfg = tiny_config(context=2, temporal_attention=True, projectors={"Arm": 5})
 
     def inputs() -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(0)

@@ -4,12 +4,11 @@ what it added, and a saved policy reloads with the same vocabulary and outputs (
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 
 from core.errors import ConfigError
+from core.testing import folder_digest
 from core.vlm import VLMConfig, build_tokenizer, build_vlm, load_tokenizer, load_vlm, save_vlm
 from driving.automot.configuration_automot import (
     META_ACTIONS,
@@ -17,9 +16,9 @@ from driving.automot.configuration_automot import (
     AutoMoTModelConfig,
     DrivingVLAConfig,
 )
+from driving.automot.modeling_automot import tiny_config
 
-SIZES = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vision_depth=1,
-             vision_hidden=32, vision_intermediate=64, vision_heads=2)
+SIZES = tiny_config().vlm  # the tiny base's VLMConfig fields
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +33,10 @@ def base(tmp_path_factory):
     return folder
 
 
-def _digest(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
-
-def _model_cfg(folder, arm):
-    return AutoMoTModelConfig(arm=arm, base_path=str(folder), image_size=32, history=1, vlm=dict(SIZES),
-                              refiner_steps=0, lm_loss_weight=0.5,
-                              mot=dict(expert_hidden_size=32, expert_intermediate_size=64, n_reason=2, n_route=4,
-                                       n_wp=3, n_target=2, ego_dim=6, bev_patch=8, wp_weights=[2.0, 1.0, 1.0]))
+def _model_cfg(folder, arm):  # one frame, 4 route points, 3 waypoints, 2 targets: the batch below
+    tiny = tiny_config()
+    return tiny_config(arm=arm, base_path=str(folder), history=1, refiner_steps=0,
+                       mot={**tiny.mot, "n_route": 4, "n_wp": 3, "n_target": 2, "wp_weights": [2.0, 1.0, 1.0]})
 
 
 def _batch(policy):
@@ -73,7 +67,7 @@ def test_policy_adds_meta_tokens_and_reloads_with_the_same_vocabulary(base, tmp_
     from driving.automot.modeling_automot import DrivingVLA
     from driving.automot.task import build_policy, missing_meta_tokens
 
-    before = _digest(base)
+    before = folder_digest(base, recursive=False)
     vlm, tok = load_vlm(base)
     n_base = len(tok)
     missing = missing_meta_tokens(tok)
@@ -110,7 +104,7 @@ def test_policy_adds_meta_tokens_and_reloads_with_the_same_vocabulary(base, tmp_
         out2 = again(_batch(again))
     torch.testing.assert_close(out2.meta_logits, out.meta_logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(out2.waypoints, out.waypoints, atol=1e-6, rtol=0)
-    assert _digest(base) == before  # the user's folder: read, never written
+    assert folder_digest(base, recursive=False) == before  # the user's folder: read, never written
 
 
 def test_no_tokens_added_where_the_tokenizer_tells_them_apart(tmp_path):

@@ -147,11 +147,12 @@ def test_evaluate_reports_levels_fd_and_routing(trained):
 
 def test_fecl_only_for_fera_with_weight(tmp_path):
     from perception.adapters import task
-    from perception.adapters.backbones import BackboneConfig, FlowDenoiser
+    from perception.adapters.backbones import FlowDenoiser
     from perception.adapters.configuration_fera import AdapterConfig
+    from perception.adapters.modeling_fera import tiny_config
 
     batch = {"image": torch.rand(2, 3, 16, 16) * 2 - 1}
-    cfg = BackboneConfig(kind="dit", image_size=16, dit_layers=1, dit_heads=2)
+    cfg = tiny_config("dit", dit_layers=1).backbone()
     calls = []
     for adapter, has in ((AdapterConfig(kappa_divisor=16), True), (AdapterConfig(fecl_weight=0.0), False),
                          (AdapterConfig(kind="lora", rank=12), False)):

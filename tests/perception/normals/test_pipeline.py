@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from perception.normals.modeling_transnormal import TransNormalModel
+from perception.normals.modeling_transnormal import TransNormalModel, tiny_config
 from perception.normals.pipeline_transnormal import TransNormalPipeline, _starts
-from tests.perception.normals.conftest import tiny_config
 
 
 def _count_calls(module: torch.nn.Module) -> list[int]:

@@ -95,8 +95,8 @@ def test_missing_data_without_render_settings_is_one_clear_error(tmp_path):
 
 
 def test_render_keys_are_flat_and_old_run_configs_still_read(tmp_path):
-    """`data.render_*` as every method spells them; a run folder written with the nested `data.render` block
-    (before the keys were flat) still says how its views were rendered."""
+    """`data.render_*` as every method spells them; a run folder from before the source / framing keys (the shipped
+    transnormal_procedural) reads as procedural / workspace."""
     from core.config import to_object
     from core.io import write_json
     from perception.normals.cli import DEFAULT_CHECKPOINT
@@ -110,7 +110,7 @@ def test_render_keys_are_flat_and_old_run_configs_still_read(tmp_path):
     shipped = json.loads((DEFAULT_CHECKPOINT / "config.json").read_text())["data"]
     assert "render" not in shipped and shipped["render_n"] == 480
     assert task.render_settings(DEFAULT_CHECKPOINT) == {"source": "real", "framing": "closeup", "size": 96, "spp": 32}
-    write_json(tmp_path / "old" / "config.json", {"data": {"render": {"n": 320, "size": 64, "spp": 16}}})
+    write_json(tmp_path / "old" / "config.json", {"data": {"render_n": 320, "render_size": 64, "render_spp": 16}})
     assert task.render_settings(tmp_path / "old") == {"source": "procedural", "framing": "workspace", "size": 64,
                                                       "spp": 16}
 

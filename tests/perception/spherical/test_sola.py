@@ -24,9 +24,9 @@ from perception.spherical.attention import (
 from perception.spherical.configuration_sola import SoLAConfig
 from perception.spherical.icosphere import icosahedral_rotations, vertex_permutation
 from perception.spherical.metrics import DepthMetrics, berhu_loss, confusion_matrix, mean_iou
-from perception.spherical.modeling_sola import SoLAModel, random_rotations
+from perception.spherical.modeling_sola import SoLAModel, random_rotations, tiny_config
 
-TINY = SoLAConfig(level=2, channels=[16, 32], depths=[1, 1], head_dim=8, num_classes=5)
+TINY = tiny_config(num_classes=5)  # the contract example's config
 
 
 def qkv(n: int, heads: int = 2, d: int = 4, seed: int = 0, batch: int = 2):
@@ -34,9 +34,11 @@ def qkv(n: int, heads: int = 2, d: int = 4, seed: int = 0, batch: int = 2):
     return [torch.randn(batch, heads, n, d, generator=g, dtype=torch.float64) for _ in range(3)]
 
 
-class TestSoLAModel(ModelChecks):
+class TestSoLALinearModel(ModelChecks):
+    """The model checks on the linear-attention variant (the contract test runs them on ``TINY``'s softmax one)."""
+
     def make_model(self):
-        return SoLAModel(TINY)
+        return SoLAModel(tiny_config(num_classes=5, attention="sola_linear"))
 
     def make_batch(self):
         return {"rgb": torch.rand(2, 162, 3, generator=torch.Generator().manual_seed(0))}
@@ -46,11 +48,6 @@ class TestSoLAModel(ModelChecks):
         return {"rgb": torch.randint(0, 256, (2, 3, 16, 32), generator=g, dtype=torch.uint8),
                 "depth": 0.5 + 4 * torch.rand(2, 1, 16, 32, generator=g),
                 "semantic": torch.randint(0, TINY.num_classes, (2, 16, 32), generator=g)}
-
-
-class TestSoLALinearModel(TestSoLAModel):
-    def make_model(self):
-        return SoLAModel(SoLAConfig(**{**TINY.__dict__, "attention": "sola_linear"}))
 
 
 # ------------------------------------------------------------------------------------ attention identities
@@ -199,14 +196,14 @@ def _max_equivariance_error(model: SoLAModel) -> float:
 @pytest.mark.parametrize("attention", ["sola_softmax", "sola_linear"])
 def test_outputs_permute_with_vertices_under_the_60_icosahedral_rotations(attention):
     torch.manual_seed(0)
-    model = SoLAModel(SoLAConfig(**{**TINY.__dict__, "attention": attention, "level": 3,
-                                    "channels": [16, 16, 32], "depths": [1, 1, 1]})).eval()
+    model = SoLAModel(tiny_config(num_classes=5, attention=attention, level=3, channels=[16, 16, 32],
+                                  depths=[1, 1, 1])).eval()
     assert _max_equivariance_error(model) < 1e-5
 
 
 def test_lpe_baseline_fails_the_equivariance_test():
     torch.manual_seed(0)
-    model = SoLAModel(SoLAConfig(**{**TINY.__dict__, "attention": "lpe"})).eval()
+    model = SoLAModel(tiny_config(num_classes=5, attention="lpe")).eval()
     assert _max_equivariance_error(model) > 1e-2
 
 

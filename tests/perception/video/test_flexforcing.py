@@ -1,5 +1,6 @@
 """Flex-Forcing: chunk masks, pyramid schedules, KV-cache equivalence, the K-projection, per-frame timesteps,
-sampling regimes, training, the model contract, and `embodied infer video` on bad input."""
+sampling regimes, training, and `embodied infer video` on bad input (the model checks of ``tiny_config()`` run in
+tests/test_model_contract.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import torch
 from core.config import compose
 from core.errors import ConfigError, DataError
 from core.layers.kv_cache import KVCache
-from core.testing import ModelChecks
 from perception.video.chunking import (
     chunk_ids,
     chunk_mask,
@@ -25,7 +25,7 @@ from perception.video.chunking import (
 )
 from perception.video.configuration_flexforcing import FlexForcingConfig
 from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
-from perception.video.sampling import fill_cache, flex_reference, generate, supported_regimes
+from perception.video.pipeline_flexforcing import fill_cache, flex_reference, generate, supported_regimes
 
 TINY = tiny_config()
 
@@ -205,7 +205,7 @@ def test_kv_cache_roll_keeps_sinks_and_newest_frames():
 # -- sampling ----------------------------------------------------------------------------------------------
 def test_flex_depth_first_cached_window_equals_breadth_first_masked_passes():
     from core.diffusion import timestep_grid
-    from perception.video.sampling import _Clock, _pyramid_window
+    from perception.video.pipeline_flexforcing import _Clock, _pyramid_window
 
     model = tiny()
     z = latents()
@@ -221,21 +221,22 @@ def test_flex_depth_first_cached_window_equals_breadth_first_masked_passes():
 
 
 def test_one_model_runs_every_regime_and_long_videos_keep_a_bounded_cache(monkeypatch):
-    from perception.video import sampling
+    from perception.video import pipeline_flexforcing
 
     model = tiny()
     ctx = latents(1, 2)
     sizes = []
-    real = sampling.fill_cache
+    real = pipeline_flexforcing.fill_cache
 
     def spy(m, cache, lat, frames):
         real(m, cache, lat, frames)
         sizes.append(len(cache))
 
-    monkeypatch.setattr(sampling, "fill_cache", spy)
+    monkeypatch.setattr(pipeline_flexforcing, "fill_cache", spy)
     outs = {}
     for regime in ("bidirectional", "autoregressive", "flex", "chunked"):
-        g = sampling.generate(model, ctx, 48, regime, generator=torch.Generator().manual_seed(0))  # 8x length
+        # 8x length
+        g = pipeline_flexforcing.generate(model, ctx, 48, regime, generator=torch.Generator().manual_seed(0))
         assert g.latents.shape == (1, 50, 4, 8, 8) and torch.isfinite(g.latents).all()
         assert torch.equal(g.latents[:, :2], ctx) and g.first_frame_s <= g.seconds
         assert g.windows[-1][1] == 50
@@ -289,21 +290,6 @@ def test_loss_falls_on_a_small_set():
         opt.step()
         losses.append(float(loss.detach()))
     assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:20])
-
-
-class TestFlexForcingModel(ModelChecks):
-    atol = 1e-6
-
-    def make_model(self):
-        return FlexForcingModel(TINY)
-
-    def make_batch(self):
-        return {"x": latents(), "t": torch.rand(2, 6, generator=torch.Generator().manual_seed(0)),
-                "frames": torch.arange(6), "chunks": chunk_ids([2, 4])}
-
-    def make_train_batch(self):
-        g = torch.Generator().manual_seed(0)
-        return {"video": torch.randint(0, 256, (2, 6, 3, 16, 16), generator=g, dtype=torch.uint8)}
 
 
 def test_config_errors_are_one_line():
@@ -441,7 +427,7 @@ def test_infer_video_continues_the_scene_it_is_given(tmp_path):
     import cv2
 
     from perception.video.cli import DEFAULT_CHECKPOINT, SAMPLE_FRAME
-    from perception.video.sampling import continue_video
+    from perception.video.pipeline_flexforcing import continue_video
 
     model = FlexForcingModel.from_pretrained(DEFAULT_CHECKPOINT)
     r = model.config.temporal_factor
@@ -499,7 +485,7 @@ def test_a_wan_pipeline_folder_loads_with_only_the_k_projection_missing_and_fine
 def test_rectangular_frames_and_a_temporal_factor_of_two_run_every_regime():
     """frame_size=[H, W] with H != W (Wan2.1's 480 x 832 in miniature) and a VAE that compresses time 2x: latent
     frames are counted as the VAE makes them (1 + k for 1 + 2 k video frames) and every regime runs."""
-    from perception.video.sampling import continue_video
+    from perception.video.pipeline_flexforcing import continue_video
 
     model = tiny(frame_size=[16, 32], vae_temporal_downsample=[True], vae_clip_frames=5)
     assert model.config.latent_hw == (8, 16) and model.config.temporal_factor == 2

@@ -1,4 +1,3 @@
-import hashlib
 import json
 
 import cv2
@@ -7,6 +6,7 @@ import pytest
 
 from core.data.images import DenseImageDataset, decode_normals
 from core.errors import ConfigError
+from core.testing import folder_digest
 from sim.render import dataset_io
 from sim.render import normals as N
 from sim.render.glassware import revolve
@@ -106,18 +106,10 @@ def test_twin_has_identical_ground_truth_and_normals_face_camera():
     assert np.abs(rgb.astype(int) - rgb_twin).mean() > 1.0  # the material change is visible
 
 
-def _digest(root):
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_make_dataset_layout_and_determinism(tmp_path):
     a = N.make_dataset(tmp_path / "a", n=3, seed=7, size=24, spp=2, test_fraction=0.34)
     N.make_dataset(tmp_path / "b", n=3, seed=7, size=24, spp=2, test_fraction=0.34)
-    da, db = _digest(tmp_path / "a"), _digest(tmp_path / "b")
+    da, db = folder_digest(tmp_path / "a"), folder_digest(tmp_path / "b")
     assert da == db and len(da) == 3 * 6 + 2 + 1
     assert a["splits"] == {"train": 2, "test": 1}
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
@@ -141,7 +133,7 @@ def test_make_dataset_layout_and_determinism(tmp_path):
     np.testing.assert_allclose(sample["normals"].permute(1, 2, 0).numpy(), n, atol=1e-6)
     # A different seed gives different data; view i does not depend on n.
     c = N.make_dataset(tmp_path / "c", n=1, seed=7, size=24, spp=2, test_fraction=0.0)
-    assert _digest(tmp_path / "c")["train/rgb/000000.png"] == da["train/rgb/000000.png"]
+    assert folder_digest(tmp_path / "c")["train/rgb/000000.png"] == da["train/rgb/000000.png"]
     assert c["splits"] == {"train": 1, "test": 0}
 
 

@@ -1,11 +1,11 @@
 import dataclasses
-import hashlib
 import json
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigError
+from core.testing import folder_digest
 from sim.render import dataset_io
 from sim.render import normals as N
 from sim.render import real_assets as R
@@ -112,14 +112,6 @@ def test_sky_is_up():
         np.testing.assert_allclose(seen, [top * scale, bottom * scale], rtol=0.2, err_msg=str(rot))
 
 
-def _digest(root):
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_make_dataset_real_meta(tmp_path):
     N.make_dataset(tmp_path / "a", n=2, seed=4, size=SIZE, spp=1, test_fraction=0.5, source="real")
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
@@ -142,7 +134,7 @@ def test_make_dataset_workers_identical(tmp_path):
     kw = {"n": 3, "seed": 5, "size": SIZE, "spp": 2, "test_fraction": 0.34, "source": "real"}
     N.make_dataset(tmp_path / "a", workers=1, **kw)
     N.make_dataset(tmp_path / "b", workers=2, **kw)
-    da, db = _digest(tmp_path / "a"), _digest(tmp_path / "b")
+    da, db = folder_digest(tmp_path / "a"), folder_digest(tmp_path / "b")
     assert da == db and len(da) == 3 * 6 + 2 + 1
 
 

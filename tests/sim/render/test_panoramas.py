@@ -1,4 +1,3 @@
-import hashlib
 import json
 import math
 
@@ -9,6 +8,7 @@ import torch
 
 import core.data.panoramas as core_panoramas
 from core.errors import ConfigError
+from core.testing import folder_digest
 from sim.render import panoramas as P
 
 H = 32
@@ -77,18 +77,10 @@ def test_camera_outside_room_is_rejected():
         P.render_panorama(P.Room(size=SIZE), np.array([5.0, 1.0, 1.0]), 8)
 
 
-def _digest(root):
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_make_dataset(tmp_path):
     s = P.make_dataset(tmp_path / "a", n=3, seed=1, size=16, spp=4)
     P.make_dataset(tmp_path / "b", n=3, seed=1, size=16, spp=4)
-    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    assert folder_digest(tmp_path / "a") == folder_digest(tmp_path / "b")
     assert s["splits"] == {"train": 2, "test": 1}
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
     assert meta["projection"] == "equirectangular" and meta["classes"] == list(P.CLASSES)

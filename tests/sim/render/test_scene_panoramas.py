@@ -1,10 +1,10 @@
-import hashlib
 import json
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigError
+from core.testing import folder_digest
 from sim.render import panoramas as P
 
 mujoco = pytest.importorskip("mujoco")
@@ -121,19 +121,12 @@ def test_scene_lists_and_bad_source(tmp_path):
         S.scene_names("val")
 
 
-def _digest(root):
-    return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "meta.json"
-    }
-
-
 def test_real_scene_classes_and_determinism(tmp_path):
     scenes = {"train": ["robosuite:Lift"], "test": ["robosuite:Door"]}
     s = P.make_dataset(tmp_path / "a", n=3, seed=3, size=16, source="mujoco", scenes=scenes)
     P.make_dataset(tmp_path / "b", n=3, seed=3, size=16, source="mujoco", scenes=scenes)
-    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    a, b = (folder_digest(tmp_path / run, exclude=("meta.json",)) for run in ("a", "b"))
+    assert a == b
     meta = json.loads((tmp_path / "a" / "meta.json").read_text())
     assert meta["projection"] == "equirectangular" and meta["classes"] == list(S.CLASSES)
     assert meta["equirect"] == P.EQUIRECT_TEXT and meta["views"]["000002"]["split"] == "test"

@@ -1,4 +1,4 @@
-"""LAC-WM / EAC-WM: model checks, cross-augmentation, probe, adaptation scope, rollouts beat shuffled actions."""
+"""LAC-WM / EAC-WM: EAC-WM's model checks, cross-augmentation, probe, adaptation scope, rollouts beat shuffled actions."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from core.testing import ModelChecks
 from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, stage_plan
 from worldmodels.lacwm.configuration_lacwm import EACWMConfig, LACWMConfig
 from worldmodels.lacwm.metrics import _psnr_db, _ssim, linear_probe, rollout_error
-from worldmodels.lacwm.modeling_lacwm import EACWorldModel, LACWorldModel, build_model, random_view
-
-TINY = dict(image_size=16, patch_size=4, width=32, num_heads=2, idm_depth=1, fdm_depth=2, latent_dim=8,
-            latent_tokens=2, action_hidden=32, aug_shift=2)
+from worldmodels.lacwm.modeling_lacwm import (
+    EACWorldModel,
+    LACWorldModel,
+    build_model,
+    random_view,
+    tiny_config,
+)
 
 
 def _batch(b: int = 3, k: int = 1, a: int = 5, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -26,25 +29,11 @@ def _batch(b: int = 3, k: int = 1, a: int = 5, seed: int = 0) -> dict[str, torch
             "embodiment_id": torch.zeros(b, dtype=torch.int64)}
 
 
-class TestLACWM(ModelChecks):
-    # The action projectors map explicit actions to z at inference; pre-training (training_step) learns z
-    # from frames through the IDM, and the projectors are trained only in adaptation (adaptation.py,
-    # stage lac_projector), so no gradient reaches them here.
-    no_grad_params = ("projectors.",)
-
-    def make_model(self):
-        return LACWorldModel(LACWMConfig(**TINY, context=2, temporal_attention=True, projectors={"Arm": 5}))
-
-    def make_batch(self):
-        return _batch(k=2)
-
-    def run(self, model, batch):
-        return model.reconstruct(batch["frames"]), model(batch["frames"], batch["actions"], "Arm")
-
-
 class TestEACWM(ModelChecks):
+    """The model checks on EAC-WM, an arm of the lacwm method (the contract test runs them on LAC-WM's example)."""
+
     def make_model(self):
-        return EACWorldModel(EACWMConfig(**TINY, action_dims={"Arm": 5}))
+        return EACWorldModel(tiny_config("eacwm", action_dims={"Arm": 5}))
 
     def make_batch(self):
         return _batch(k=3)
@@ -64,7 +53,7 @@ def test_experiment_configs_compose_with_tiny_models():
 def test_cross_augmentation_latent_never_sees_the_target_view():
     """The FDM target is view A2; the latent comes from view A1 only, so z cannot copy the A2 future frame."""
     torch.manual_seed(0)
-    model = LACWorldModel(LACWMConfig(**TINY)).train()
+    model = LACWorldModel(tiny_config()).train()
     batch = _batch()
     a1, a2 = model.views(batch)
     assert not torch.equal(a1, a2)  # two different augmentations of the same window
@@ -162,7 +151,7 @@ def test_idm_frame_difference_input_is_causal_and_carries_motion(encoder):
     """x_t's tokens see x_t alone (zero difference); x_t+1's tokens see the change; a still pair differs from a
     moved one only through that change."""
     torch.manual_seed(0)
-    model = LACWorldModel(LACWMConfig(**TINY, encoder=encoder, idm_frame_diff=True)).eval()
+    model = LACWorldModel(tiny_config(encoder=encoder, idm_frame_diff=True)).eval()
     idm, codec = model.idm, model.codec
     x0 = torch.rand(2, 3, 16, 16) * 2 - 1
     x1 = torch.roll(x0, 2, dims=-1)  # the scene moved 2 px
@@ -171,7 +160,7 @@ def test_idm_frame_difference_input_is_causal_and_carries_motion(encoder):
     assert not torch.allclose(idm.tokens(p1, p0), idm.tokens(p1))  # the change reaches frame t+1's tokens
     with torch.no_grad():
         assert not torch.allclose(idm(p0, p1), idm(p0, p0))
-    plain = LACWorldModel(LACWMConfig(**TINY, encoder=encoder, idm_frame_diff=False)).idm
+    plain = LACWorldModel(tiny_config(encoder=encoder, idm_frame_diff=False)).idm
     assert plain.embed.pos.shape == idm.embed.pos.shape and plain.diff is False and idm.diff is True
 
 
@@ -187,7 +176,7 @@ def test_metrics_order_and_identity():
 
 @pytest.mark.parametrize("conditioning", ["latent", "explicit"])
 def test_adaptation_trains_only_what_each_stage_should(conditioning):
-    cfg = LACWMConfig(**TINY, conditioning=conditioning, action_dims={"Arm": 5} if conditioning == "explicit" else {})
+    cfg = tiny_config(conditioning=conditioning, action_dims={"Arm": 5} if conditioning == "explicit" else {})
     pre = build_model(cfg)
     model = adapt_model(pre, "Hand", 7)
     # the adapted model computes exactly what the pretrained one did (LoRA B = 0) on the shared path
@@ -222,7 +211,7 @@ def test_adapted_checkpoint_round_trips(tmp_path):
     from core.checkpoint import save_checkpoint
     from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-    model = adapt_model(build_model(LACWMConfig(**TINY)), "Hand", 7)
+    model = adapt_model(build_model(tiny_config()), "Hand", 7)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.05) if p.ndim > 1 else None
     save_checkpoint(tmp_path / "ck", model, {"method": "lacwm", "model": dataclasses.asdict(model.config)})
@@ -294,28 +283,26 @@ def test_shipped_checkpoints_roll_out_as_before_the_peft_key_conversion(name):
     assert (_rollouts(model)["imagined"] - golden).abs().max() > 1e-3
 
 
-def test_checkpoint_with_former_lora_keys_names_the_converter_and_loads_after_it(tmp_path):
+def test_checkpoint_loads_its_peft_lora_exactly_and_refuses_other_keys_in_one_line(tmp_path):
     from core.checkpoint import load_weights, save_checkpoint, save_weights
     from core.errors import CheckpointError
-    from core.layers import convert_legacy_lora_checkpoint
     from worldmodels.lacwm.modeling_lacwm import WorldModel
 
-    model = adapt_model(build_model(LACWMConfig(**TINY)), "Hand", 7)
+    model = adapt_model(build_model(tiny_config()), "Hand", 7)
     for n, p in model.named_parameters():
         torch.nn.init.normal_(p, std=0.05) if "lora_" in n else None
     save_checkpoint(tmp_path / "ck", model, {"method": "lacwm", "model": dataclasses.asdict(model.config)})
-    weights = tmp_path / "ck" / "model.safetensors"
-    legacy = {k.replace(".base_layer.", ".base.").replace(".lora_A.default.weight", ".lora_A")
-              .replace(".lora_B.default.weight", ".lora_B"): v for k, v in load_weights(weights).items()}
-    save_weights(legacy, weights)  # what the former own LoRA wrote
-    with pytest.raises(CheckpointError, match="convert_legacy_lora_checkpoint") as e:
-        WorldModel.from_pretrained(tmp_path / "ck")
-    assert "\n" not in str(e.value)
-    assert convert_legacy_lora_checkpoint(tmp_path / "ck")["model.safetensors"] > 0
     b = _batch(a=7)
     loaded = WorldModel.from_pretrained(tmp_path / "ck")
     want = model.eval()(b["frames"], b["actions"], "Hand")
     assert torch.equal(loaded(b["frames"], b["actions"], "Hand"), want)
+    weights = tmp_path / "ck" / "model.safetensors"
+    legacy = {k.replace(".base_layer.", ".base.").replace(".lora_A.default.weight", ".lora_A")
+              .replace(".lora_B.default.weight", ".lora_B"): v for k, v in load_weights(weights).items()}
+    save_weights(legacy, weights)  # the former own LoRA's key names: not read (no shipped checkpoint has them)
+    with pytest.raises(CheckpointError) as e:
+        WorldModel.from_pretrained(tmp_path / "ck")
+    assert "\n" not in str(e.value)
 
 
 def test_planner_refuses_an_env_rendering_another_camera(tmp_path):
@@ -325,10 +312,10 @@ def test_planner_refuses_an_env_rendering_another_camera(tmp_path):
     import sim
     from core.checkpoint import save_checkpoint
     from core.errors import CheckpointError
-    from worldmodels.lacwm.planning import load_planner_policy
+    from worldmodels.lacwm.pipeline_lacwm import load_planner_policy
 
     sim.register_envs()
-    model = adapt_model(build_model(LACWMConfig(**{**TINY, "frame_skip": 1})), "Panda+InspireHand", 12)
+    model = adapt_model(build_model(tiny_config(frame_skip=1)), "Panda+InspireHand", 12)
     save_checkpoint(tmp_path / "ck", model, {"model": dataclasses.asdict(model.config), "data": {"camera": "workspace"}})
     env = gym.make("embodied/Reach-PandaInspireHand-v0", image_size=32)
     try:
@@ -368,8 +355,7 @@ def _moving_square(n: int, k: int, seed: int) -> list[dict[str, torch.Tensor]]:
 
 def test_imagined_rollouts_with_true_actions_beat_shuffled_actions_and_copy_last():
     torch.manual_seed(0)
-    model = EACWorldModel(EACWMConfig(**{**TINY, "aug_shift": 0, "aug_color": 0.0, "width": 48},
-                                      action_dims={"Sq": 2}))
+    model = EACWorldModel(tiny_config("eacwm", aug_shift=0, aug_color=0.0, width=48, action_dims={"Sq": 2}))
     train = _moving_square(256, 1, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
@@ -413,7 +399,7 @@ def test_pretrained_frame_encoder_plugs_in_by_path(tmp_path):
     kwargs = {"img_size": 16, "patch_size": 4, "embed_dim": 24, "depth": 1, "num_heads": 2}
     net = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **kwargs)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "enc.safetensors")
-    cfg = LACWMConfig(**TINY, encoder="timm:vit_tiny_patch16_224", encoder_path=str(tmp_path / "enc.safetensors"),
+    cfg = tiny_config(encoder="timm:vit_tiny_patch16_224", encoder_path=str(tmp_path / "enc.safetensors"),
                       encoder_kwargs=kwargs)
     model = LACWorldModel(cfg)
     enc = model.idm.embed.encoder.net
