@@ -1,4 +1,4 @@
-"""The arm x seed experiment grid of the methods' drivers (``python -m <method>.experiments``).
+"""The arm x seed experiment grid of the methods' studies (``embodied experiment METHOD``).
 
 A driver names its method, its arms and its seeds; :class:`Grid` turns them into :class:`Cell` s (one run
 folder ``<root>/<arm>_s<seed>`` each) and runs every cell through the public CLI in its own process, one
@@ -9,6 +9,11 @@ and not rerun; a killed cell runs again (the trainer resumes its own folder). A 
 :func:`seed_stats`, :class:`Column` and :func:`arm_table` turn them into markdown rows of mean ± sd over
 seeds; :func:`write_summary` writes ``summary.json`` / ``summary.md`` atomically; :func:`grid_arguments`
 adds the options every driver shares (``--out --arms --seeds --workers --collect-only``).
+
+A method's ``experiments`` module declares its studies as data, :class:`Experiment` (its options and the
+function that runs it), and names them in ``register_method(experiment="module:ATTR")``; the app layer's
+``embodied experiment METHOD [STUDY] ...`` builds the one parser (:func:`experiment_parser`) and runs it
+(:func:`run_experiment`). A driver parses nothing itself.
 
 An arm's overrides come from the method's registry spec (``MethodSpec.arms``; :func:`method_arms`), the one
 way a baseline or an ablation is chosen; a study whose arms are combinations of its own passes them itself.
@@ -404,6 +409,78 @@ def write_summary(out: str | Path, summary: Any, markdown: str, name: str = "sum
 
 
 # -------------------------------------------------------------------------------------------- command line
+@dataclass(frozen=True)
+class Experiment:
+    """One study of a method as ``embodied experiment METHOD [STUDY]`` runs it.
+
+    ``run(args)`` gets the parsed options (plus ``args.command_line``, the command as typed, for summaries)
+    and returns the exit status, or its summary (exit 1 if it lists ``failed`` runs). ``out`` makes it a
+    grid: the shared ``--out --seeds --workers --collect-only`` options (and ``--arms`` when ``arms`` is
+    given: the default arms, checked later against the method's) come from :func:`grid_arguments`;
+    ``options`` are the study's own, as ``(flag, argparse keywords)`` pairs.
+    """
+
+    run: Callable[[argparse.Namespace], int | Mapping[str, Any] | None]
+    help: str = ""
+    out: str | None = None
+    arms: Sequence[str] | None = None
+    seeds: Sequence[int] = (0, 1)
+    workers: int = 2
+    options: Sequence[tuple[str | tuple[str, ...], Mapping[str, Any]]] = ()
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """Add this study's options to ``parser`` and make it the one ``run_experiment`` calls."""
+        if self.out is not None:
+            grid_arguments(parser, out=self.out, default_arms=self.arms, seeds=self.seeds, workers=self.workers)
+        for flags, kwargs in self.options:
+            parser.add_argument(*((flags,) if isinstance(flags, str) else flags), **dict(kwargs))
+        parser.set_defaults(_experiment=self)
+
+
+def experiment_parser(method: str, studies: Experiment | Mapping[str, Experiment],
+                      description: str = "") -> argparse.ArgumentParser:
+    """The parser of ``embodied experiment METHOD``: one study's options, or one sub-command per study."""
+    parser = argparse.ArgumentParser(prog=f"embodied experiment {method}", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if isinstance(studies, Experiment):
+        studies.add_to(parser)
+        return parser
+    sub = parser.add_subparsers(dest="study", metavar="STUDY", required=True)
+    for name, study in studies.items():
+        study.add_to(sub.add_parser(name, help=study.help, description=study.help))
+    return parser
+
+
+def run_experiment(method: str, target: str, argv: Sequence[str]) -> int:
+    """Run ``embodied experiment METHOD ARGV``: the studies at ``target`` ("module:ATTR"), parsed and run."""
+    import shlex
+
+    from core.registry import import_target
+
+    module_name = target.partition(":")[0]
+    studies = import_target(target)
+    doc = (sys.modules[module_name].__doc__ or "").strip()
+    parser = experiment_parser(method, studies, doc)
+    args, extra = parser.parse_known_args(list(argv))
+    if extra:  # config overrides may stand after the flags, as in `embodied train`
+        if hasattr(args, "overrides") and all(not x.startswith("-") and "=" in x for x in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.command_line = shlex.join(["embodied", "experiment", method, *argv])
+    result = args._experiment.run(args)
+    if isinstance(result, Mapping):  # a study that returns its summary: failed runs are listed under "failed"
+        return 1 if result.get("failed") else 0
+    return int(result or 0)
+
+
+def moved(module: str, method: str) -> int:
+    """What ``python -m <module>`` (a driver's old spelling) does now: say where the command went; exit 2."""
+    print(f"`python -m {module}` moved: run `embodied experiment {method} ...` with the same arguments "
+          f"(`embodied experiment {method} --help` lists them)", file=sys.stderr)
+    return 2
+
+
 def grid_arguments(parser: argparse.ArgumentParser, *, out: str, arms: Sequence[str] | None = None,
                    default_arms: Sequence[str] | None = None, seeds: Sequence[int] = (0, 1),
                    workers: int = 2) -> argparse.ArgumentParser:

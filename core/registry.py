@@ -182,7 +182,9 @@ class MethodSpec:
     task: str  # module with train(cfg) / evaluate(cfg); its experiment config is configs/experiment/<name>.yaml
     config: tuple[str, ...] = ()  # modules whose import registers the method's config schemas (light)
     model: str | None = None  # "module:Class" of its PreTrainedModel (core.pretrained.load_pretrained)
-    policy: str | None = None  # "module:function" (checkpoint_dir, env) -> sim.api.Policy
+    #: "module:function" (env, checkpoint=None, **options) -> sim.api.Policy, the one factory signature
+    #: (``core.checkpoint.load_policy`` passes the checkpoint; a factory that needs one refuses None in one line).
+    policy: str | None = None
     demo: str | None = None  # "module:function" (DemoContext) -> DemoSection
     infer: tuple[InferSpec, ...] = ()
     flags: tuple[Flag, ...] = ()
@@ -196,6 +198,9 @@ class MethodSpec:
     #: The headline metrics ``embodied eval`` prints: (pattern over the result's flattened keys, unit, display
     #: scale), e.g. ``("policies.*.success_rate", "%", 100)``; empty: the result's first numbers (embodied.results).
     headline: tuple[tuple[str, str, float], ...] = ()
+    #: "module:ATTR": the method's paper-comparison studies, a ``core.experiments.Experiment`` or a name ->
+    #: Experiment mapping, run by ``embodied experiment METHOD [STUDY] ...``.
+    experiment: str | None = None
 
     def arm_overrides(self, arm: str) -> tuple[str, ...]:
         """The overrides that select ``arm`` (a one-line ``ConfigError`` naming the known arms otherwise)."""
@@ -210,17 +215,21 @@ def register_method(name: str, *, folder: str, description: str, task: str, conf
                     model: str | None = None, policy: str | None = None, demo: str | None = None,
                     infer: Sequence[InferSpec] = (), flags: Sequence[Flag] = (),
                     arms: dict[str, Sequence[str]] | None = None, example: str | None = None,
-                    headline: Sequence[str | tuple] = ()) -> MethodSpec:
+                    headline: Sequence[str | tuple] = (), experiment: str | None = None) -> MethodSpec:
     """Register a method's train / eval tasks, config modules, model class, policy, demo and infer commands.
 
     Everything is given as lazy ``"module:attr"`` strings: registering imports nothing heavy.
-    Re-registering the same method (the module imported twice) replaces its entries.
+    Re-registering the same method (the module imported twice: same folder and task module) replaces its entries.
+
+    Raises:
+        ConfigError: ``name`` (or one of its infer commands) belongs to another method; the one line names both.
     """
     spec = MethodSpec(name=name, folder=folder, description=description, task=task,
                       config=(config,) if isinstance(config, str) else tuple(config), model=model, policy=policy,
                       demo=demo, infer=tuple(infer), flags=tuple(flags),
                       arms=tuple((k, tuple(v)) for k, v in (arms or {}).items()), example=example,
-                      headline=tuple(_headline_entry(name, h) for h in headline))
+                      headline=tuple(_headline_entry(name, h) for h in headline), experiment=experiment)
+    _refuse_taken(spec)
     METHODS.register(name, task, overwrite=True, spec=spec, folder=folder, description=description)
     if model:
         MODELS.register(name, model, overwrite=True)
@@ -231,6 +240,28 @@ def register_method(name: str, *, folder: str, description: str, task: str, conf
     for inf in spec.infer:
         INFER.register(inf.kind, inf.target, overwrite=True, spec=inf, method=name)
     return spec
+
+
+def _refuse_taken(spec: MethodSpec) -> None:
+    """Refuse, in one line, a name (or infer command) that another method (another folder or task module) owns.
+
+    The same method registering again (its module re-imported) is fine.
+    """
+
+    def owner(s: MethodSpec) -> str:
+        return f"{s.folder} (task {s.task})"
+
+    old = METHODS._meta.get(spec.name, {}).get("spec")
+    if old is not None and (old.folder, old.task) != (spec.folder, spec.task):
+        raise ConfigError(f"method {spec.name!r} is registered twice: by {owner(old)} and by {owner(spec)}; "
+                          "rename one of them")
+    for inf in spec.infer:
+        other = INFER._meta.get(inf.kind, {}).get("method")
+        if other is not None and other != spec.name:
+            theirs = METHODS._meta.get(other, {}).get("spec")
+            raise ConfigError(f"infer command {inf.kind!r} of method {spec.name!r} ({owner(spec)}) is already "
+                              f"registered by method {other!r}" + (f" ({owner(theirs)})" if theirs else "")
+                              + "; rename one of them")
 
 
 def _headline_entry(method: str, entry: str | tuple) -> tuple[str, str, float]:

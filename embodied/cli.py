@@ -409,6 +409,29 @@ def _finished_checkpoint(out, max_steps: int):
     return latest if int(latest.name.split("_")[1]) >= max_steps else None
 
 
+def _add_experiment(sub) -> None:
+    from core.registry import method_specs
+
+    names = [s.name for s in method_specs() if s.experiment]
+    p = sub.add_parser("experiment", help="run a method's paper comparison (arms x seeds, through train / eval)",
+                       description="Run METHOD's paper-comparison study: every arm on every seed through "
+                                   "`embodied train` / `embodied eval`, same data, budget and harness, then the "
+                                   "table (summary.md / summary.json under --out). Finished runs are not run "
+                                   "again; a killed one resumes. `embodied experiment METHOD --help` lists the "
+                                   "study's options.",
+                       epilog=f"Methods with a study: {', '.join(names)}.")
+    p.add_argument("method", metavar="METHOD", choices=names)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the study's options (see METHOD --help)")
+    p.set_defaults(func=_cmd_experiment)
+
+
+def _cmd_experiment(args) -> int:
+    from core.experiments import run_experiment
+    from core.registry import METHODS
+
+    return run_experiment(args.method, METHODS.meta(args.method)["spec"].experiment, args.args)
+
+
 def _add_methods(sub) -> None:
     p = sub.add_parser("methods", help="list the registered methods, their folders and their arms",
                        description="Every method that registered itself (entry points `embodied.methods`): "
@@ -496,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_libero(sub)
     _add_serve(sub)
     _add_train_eval(sub)
+    _add_experiment(sub)
     _add_methods(sub)
     _add_models(sub)
     _add_exit_codes(parser)

@@ -50,5 +50,5 @@ def _recorded() -> str:
     if not md.is_file():
         return "<p><em>No recorded experiment shipped (assets/samples/automot/summary.md).</em></p>"
     text = md.read_text(encoding="utf-8")
-    return ("<h3>Recorded experiment (python -m driving.automot.experiments)</h3><pre>" + html.escape(text)
+    return ("<h3>Recorded experiment (embodied experiment automot)</h3><pre>" + html.escape(text)
             + "</pre>")

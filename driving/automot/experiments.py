@@ -1,6 +1,6 @@
 """AutoMoT's experiment: arms x seeds, open loop, and the closed-loop grid in every scenario with paired seeds.
 
-    python -m driving.automot.experiments --out outputs/automot_exp --seeds 0 1 --episodes 20 [--workers 2]
+    embodied experiment automot --out outputs/automot_exp --seeds 0 1 --episodes 20 [--workers 2]
         [--steps 1500] [--collect-only] [--extra KEY=VALUE ...]
 
 1. Trains ``model.arm`` = automot (understanding expert fine-tuned), frozen (frozen understanding expert) and
@@ -22,7 +22,6 @@ exist) are skipped, so the driver resumes after a kill.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -118,18 +117,10 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + ex.arm_table(summary["openloop"], cols, zero_sd=False) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ex.grid_arguments(p, out="outputs/automot_exp")
-    p.add_argument("--episodes", type=int, default=20, help="closed-loop episodes per scenario and row")
-    p.add_argument("--eval-seed", type=int, default=1000, help="first closed-loop episode seed (paired rows)")
-    p.add_argument("--steps", type=int, default=None, help="trainer.max_steps override")
-    p.add_argument("--rows", nargs="*", default=None, help="only these closed-loop rows")
-    p.add_argument("--extra", nargs="*", default=[], help="extra overrides for every train / eval")
-    args = p.parse_args(argv)
+def run(args) -> int:
+    """``embodied experiment automot``: the training grid, then the closed-loop rows, then the table."""
     out = args.out
     extra = list(args.extra) + ([f"trainer.max_steps={args.steps}"] if args.steps else [])
-    command = "python -m driving.automot.experiments " + " ".join(argv or [])
     failures = []
     if not args.collect_only:
         # the first run alone builds the base VLM and the data: every other arm then finds them built
@@ -140,13 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         failures += ex.run_jobs([(f"drive {k}", lambda k=k, v=v: drive(out, k, v[0], v[1], args.episodes,
                                                                          args.eval_seed)) for k, v in rows.items()],
                                 args.workers, logs={f"drive {k}": out / "logs" / f"drive_{k}.log" for k in rows})
-    summary = summarise(out, args.seeds, command)
+    summary = summarise(out, args.seeds, args.command_line)
     print(table(summary))
     return ex.report(failures)
 
 
+EXPERIMENT = ex.Experiment(
+    run, out="outputs/automot_exp",
+    options=(("--episodes", dict(type=int, default=20, help="closed-loop episodes per scenario and row")),
+             ("--eval-seed", dict(type=int, default=1000, help="first closed-loop episode seed (paired rows)")),
+             ("--steps", dict(type=int, default=None, help="trainer.max_steps override")),
+             ("--rows", dict(nargs="*", default=None, help="only these closed-loop rows")),
+             ("--extra", dict(nargs="*", default=[], help="extra overrides for every train / eval"))))
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(ex.moved("driving.automot.experiments", "automot"))
 
 
-__all__ = ["closed_loop_rows", "main", "summarise", "table"]
+__all__ = ["EXPERIMENT", "closed_loop_rows", "summarise", "table"]

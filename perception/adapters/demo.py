@@ -68,7 +68,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     body += table(routing)
     comparison = SHIPPED / "comparison.md"
     if comparison.is_file():
-        body += "<h4>recorded comparison (python -m perception.adapters.experiments; mean ± sd over seeds)</h4>"
+        body += "<h4>recorded comparison (embodied experiment fera; mean ± sd over seeds)</h4>"
         body += f"<pre>{comparison.read_text()}</pre>"
     return DemoSection(
         title="FeRA: frequency-energy routed adapters for diffusion fine-tuning (perception/adapters)",

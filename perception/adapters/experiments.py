@@ -1,6 +1,6 @@
 """The FeRA comparison, rerunnable: every arm x seed x backbone (x resolution) through the public CLI.
 
-    python -m perception.adapters.experiments --out outputs/fera_exp --seeds 0 1 --steps 600 \
+    embodied experiment fera --out outputs/fera_exp --seeds 0 1 --steps 600 \
         --backbones unet dit --arms fera fera_norouter fera_nofecl lora dora [--size 32] [--workers 2]
 
 The arms are FeRA's registered arms (``perception/adapters/register.py``). Per backbone: the base is pretrained
@@ -15,7 +15,6 @@ unadapted base.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 from typing import Any
@@ -130,18 +129,8 @@ def fecl_gradient_probe(base_path: str, kind: str = "dit", steps: int = 60, seed
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ex.grid_arguments(p, out="outputs/fera_exp", default_arms=ARMS)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--backbones", nargs="+", default=["unet", "dit"], choices=["unet", "dit"])
-    p.add_argument("--size", type=int, default=32)
-    p.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for every run")
-    p.add_argument("--ship", default=None, metavar="DIR",
-                   help="copy the first backbone's base, its seed-0 fera and lora adapters and the table here")
-    p.add_argument("--fecl-probe", default=None, metavar="BASE_DIR",
-                   help="only: FECL vs MSE gradient norms while FeRA adapts the base in BASE_DIR (a DiT)")
-    args = p.parse_args(argv)
+def run(args) -> int:
+    """``embodied experiment fera``: per backbone, pretrain the base once, adapt every arm, tabulate."""
     out = Path(args.out)
     if args.fecl_probe:
         write_json(out / "fecl_probe.json", fecl_gradient_probe(args.fecl_probe))
@@ -169,5 +158,17 @@ def ship(out: Path, dest: Path, kind: str, size: int, seed: int) -> None:
     ship_models({arm: runs / f"{arm}_s{seed}" for arm in ("fera", "lora")}, dest, out / "summary.md")
 
 
+EXPERIMENT = ex.Experiment(
+    run, out="outputs/fera_exp", arms=ARMS,
+    options=(("--steps", dict(type=int, default=600)),
+             ("--backbones", dict(nargs="+", default=["unet", "dit"], choices=["unet", "dit"])),
+             ("--size", dict(type=int, default=32)),
+             ("--extra", dict(nargs="*", default=[], help="more Hydra overrides for every run")),
+             ("--ship", dict(default=None, metavar="DIR", help="copy the first backbone's base, its seed-0 fera and "
+                                                              "lora adapters and the table here")),
+             ("--fecl-probe", dict(default=None, metavar="BASE_DIR",
+                                   help="only: FECL vs MSE gradient norms while FeRA adapts the base in BASE_DIR "
+                                        "(a DiT)"))))
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(ex.moved("perception.adapters.experiments", "fera"))

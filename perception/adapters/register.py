@@ -11,6 +11,7 @@ register_method(
     config="perception.adapters.configuration_fera",
     model="perception.adapters.modeling_fera:AdaptedDenoiser",
     example="perception.adapters.modeling_fera:example",
+    experiment="perception.adapters.experiments:EXPERIMENT",
     headline=[("heldout_loss.mean", ""), ("fd", ""), ("base.heldout_loss.mean", ""), ("base.fd", ""),
               ("trainable_parameters", "")],
     demo="perception.adapters.demo:demo_section",

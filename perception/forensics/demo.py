@@ -75,7 +75,7 @@ def _recorded() -> str:
             row[f"{g}{' (held out)' if g == hold else ''} acc / AP"] = f"{pm(r[f'{g}.acc'])} / {pm(r[f'{g}.ap'])}"
         row["QA after (base)"] = f"{pm(r['qa'])} ({100 * r['qa_base']:.1f})" if "qa" in r else "n/a"
         rows.append(row)
-    command = data.get("command", "python -m perception.forensics.experiments")
+    command = data.get("command", "embodied experiment deepvrm")
     return (f"<h3>Recorded comparison ({html.escape(command)})</h3><p class='lead'>Accuracy / AP in % per generator family (mean ± sd over seeds), "
             f"trained on {html.escape(str(data['trained_on']))}; the last column is the general-ability QA "
             "accuracy after forensic training, the base's in brackets.</p>" + table(rows))

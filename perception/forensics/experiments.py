@@ -1,6 +1,6 @@
 """The Deep-VRM comparison, rerunnable: every arm x seed through the public CLI, the layer probe, the table.
 
-    python -m perception.forensics.experiments --out outputs/deepvrm_exp --seeds 0 1 \
+    embodied experiment deepvrm --out outputs/deepvrm_exp --seeds 0 1 \
         [--arms deepvrm lora full freq_cnn feature_probe] [--workers 2] [--extra k=v ...] [--collect-only] [--ship]
 
 The arms are Deep-VRM's registered arms (``perception/forensics/register.py``). Every arm trains on the same
@@ -14,7 +14,6 @@ QA accuracy after training against the base's, mean and spread over seeds.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 from typing import Any
@@ -132,25 +131,16 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
                 shutil.copy(it.path, images / f"{gen}_{name}_{i}.png")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m perception.forensics.experiments", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    ex.grid_arguments(p, out="outputs/deepvrm_exp", default_arms=ARMS)
-    p.add_argument("--extra", nargs="*", default=[], help="more overrides for every run (k=v)")
-    p.add_argument("--no-probe", action="store_true")
-    p.add_argument("--ship", action="store_true", help="copy deepvrm seed 0's detector to assets/checkpoints/deepvrm "
-                                                       "and the table to assets/samples/deepvrm")
-    p.add_argument("--ship-run", type=Path, default=None,
-                   help="with --ship: the run folder whose detector is shipped (default <out>/deepvrm_s<seed>)")
-    a = p.parse_args(argv)
+def run(a) -> int:
+    """``embodied experiment deepvrm``: every arm on every seed, the probe, the table (and ``--ship``)."""
     failures = []
     if not a.collect_only:
         grid = ex.Grid("deepvrm", a.out, ex.pick_arms(ex.method_arms("deepvrm"), a.arms), a.seeds,
-                    ["trainer.tensorboard=false", *a.extra])
+                       ["trainer.tensorboard=false", *a.extra])
         failures = grid.run(a.workers, first_alone=True)  # the first builds the data and the base VLM
         if not a.no_probe and not failures:
             probe(a.out, a.extra)
-    summary = summarise(a.out, "python -m perception.forensics.experiments " + " ".join(
+    summary = summarise(a.out, "embodied experiment deepvrm " + " ".join(
         [f"--out {a.out}", "--seeds", *map(str, a.seeds), "--arms", *a.arms]
         + (["--extra", *a.extra] if a.extra else [])))
     print(table(summary))
@@ -159,5 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     return ex.report(failures)
 
 
+EXPERIMENT = ex.Experiment(
+    run, out="outputs/deepvrm_exp", arms=ARMS,
+    options=(("--extra", dict(nargs="*", default=[], help="more overrides for every run (k=v)")),
+             ("--no-probe", dict(action="store_true")),
+             ("--ship", dict(action="store_true", help="copy deepvrm seed 0's detector to assets/checkpoints/deepvrm "
+                                                       "and the table to assets/samples/deepvrm")),
+             ("--ship-run", dict(type=Path, default=None, help="with --ship: the run folder whose detector is "
+                                                              "shipped (default <out>/deepvrm_s<seed>)"))))
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(ex.moved("perception.forensics.experiments", "deepvrm"))

@@ -11,6 +11,7 @@ register_method(
     config="perception.forensics.configuration_deepvrm",
     model="perception.forensics.modeling_deepvrm:DeepVRM",
     example="perception.forensics.modeling_deepvrm:tiny_example",
+    experiment="perception.forensics.experiments:EXPERIMENT",
     headline=[("per_generator.*.acc", ""), ("qa_exact_match.acc", ""), ("qa_exact_match_base.acc", "")],
     demo="perception.forensics.demo:demo_section",
     # same base VLM, data, steps, harness; out_dir follows model.arm

@@ -1,9 +1,9 @@
 """The TAGRPO comparison, rerunnable: every arm x seed through the public CLI, then the table and the plot.
 
-    python -m perception.i2v_rl.experiments --out outputs/tagrpo_exp --seeds 0 1 2 --iterations 60 \
+    embodied experiment tagrpo --out outputs/tagrpo_exp --seeds 0 1 2 --iterations 60 \
         --arms tagrpo dancegrpo tagrpo_indep dancegrpo_same [tagrpo_reuse] [--workers 2] \
         [--base FOLDER] [--rewards trajectory=1 psnr=0.01] [--extra k=v ...]
-    python -m perception.i2v_rl.experiments --pilot [--base FOLDER] [--rewards ...]   # the reward / noise pilot
+    embodied experiment tagrpo --pilot [--base FOLDER] [--rewards ...]   # the reward / noise pilot
 
 The arms are TAGRPO's registered arms (``perception/i2v_rl/register.py``). Every arm post-trains the same base
 (``--base``: the shipped Flex-Forcing model by default, or any ``model.base_path``, a Wan diffusers folder
@@ -19,7 +19,6 @@ post-trained). ``summary.json`` / ``summary.md``: held-out reward against iterat
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 from typing import Any
@@ -200,21 +199,8 @@ def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ex.grid_arguments(p, out="outputs/tagrpo_exp", default_arms=ARMS, seeds=(0, 1, 2))
-    p.add_argument("--iterations", type=int, default=60)
-    p.add_argument("--base", default=None, help="model.base_path of every run (default: the shipped Flex-Forcing "
-                                                "model); a Flex-Forcing / TAGRPO folder or a Wan diffusers folder")
-    p.add_argument("--rewards", nargs="*", default=None, metavar="NAME=W",
-                   help=f"data.rewards of every run (default the motion reward {MOTION_REWARD})")
-    p.add_argument("--pilot", action="store_true", help="only the pilot: within-group reward spread of the base, "
-                                                        "same vs independent noise (-> <out>/pilot.json)")
-    p.add_argument("--extra", nargs="*", default=[], help="more overrides for every run (k=v)")
-    p.add_argument("--ship", action="store_true",
-                   help="copy tagrpo seed-0's policy to assets/checkpoints/tagrpo and the table + curves to "
-                        "assets/samples/tagrpo/comparison.json (what the demo shows)")
-    a = p.parse_args(argv)
+def run(a) -> int:
+    """``embodied experiment tagrpo``: the pilot, or every arm on every seed, the table and the curves."""
     rewards = parse_rewards(a.rewards)
     common = reward_overrides(rewards) + ([f"model.base_path={a.base}"] if a.base else [])
     if a.pilot:
@@ -244,7 +230,7 @@ def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extr
 
     # the shipped copy references the sibling shipped base (../flexforcing), not the run's absolute path
     ship_policy(out / f"tagrpo_s{seed}" / "policy", asset("checkpoints", "tagrpo"))
-    command = (f"python -m perception.i2v_rl.experiments --seeds {' '.join(str(r) for r in range(rows[0]['seeds']))} "
+    command = (f"embodied experiment tagrpo --seeds {' '.join(str(r) for r in range(rows[0]['seeds']))} "
                f"--iterations {iterations} --arms {' '.join(r['arm'] for r in rows)}"
                + (f" --extra {' '.join(extra)}" if extra else ""))
     note = ("Held-out reward (data.rewards of the runs; default trajectory + 0.005 PSNR) of ODE samples against the "
@@ -254,5 +240,19 @@ def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extr
     plot(rows, asset("samples", "tagrpo") / "curve.png")
 
 
+EXPERIMENT = ex.Experiment(
+    run, out="outputs/tagrpo_exp", arms=ARMS, seeds=(0, 1, 2),
+    options=(("--iterations", dict(type=int, default=60)),
+             ("--base", dict(default=None, help="model.base_path of every run (default: the shipped Flex-Forcing "
+                                                "model); a Flex-Forcing / TAGRPO folder or a Wan diffusers folder")),
+             ("--rewards", dict(nargs="*", default=None, metavar="NAME=W",
+                                help=f"data.rewards of every run (default the motion reward {MOTION_REWARD})")),
+             ("--pilot", dict(action="store_true", help="only the pilot: within-group reward spread of the base, "
+                                                        "same vs independent noise (-> <out>/pilot.json)")),
+             ("--extra", dict(nargs="*", default=[], help="more overrides for every run (k=v)")),
+             ("--ship", dict(action="store_true",
+                             help="copy tagrpo seed-0's policy to assets/checkpoints/tagrpo and the table + curves "
+                                  "to assets/samples/tagrpo/comparison.json (what the demo shows)"))))
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(ex.moved("perception.i2v_rl.experiments", "tagrpo"))

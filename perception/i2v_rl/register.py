@@ -11,6 +11,7 @@ register_method(
     config="perception.i2v_rl.configuration_tagrpo",
     model="perception.i2v_rl.policy:I2VPolicy",
     example="perception.i2v_rl.policy:example",
+    experiment="perception.i2v_rl.experiments:EXPERIMENT",
     headline=[("base.reward", ""), ("tuned.reward", ""), ("gain", ""), ("tuned.reward_std", "")],
     demo="perception.i2v_rl.demo:demo_section",
     # same base, images, reward, rollouts, harness; out_dir follows algo.name

@@ -2,7 +2,7 @@
 
 ``realism`` — old data vs new data: both checkpoints on both held-out sets and on real photos.
 
-    python -m perception.normals.experiments realism --out outputs/transnormal_realism \
+    embodied experiment transnormal realism --out outputs/transnormal_realism \
         [--old assets/checkpoints/transnormal_procedural] [--new outputs/transnormal_workspace] [--train]
 
 ``--old`` was trained on glassware in front of procedural backdrops under a procedural sky
@@ -18,7 +18,7 @@ domain check's distance). ``summary.json`` / ``summary.md`` hold the tables.
 shared by every arm, then each arm x seed trained for the same steps on the same data (the ``core.experiments``
 grid, ``--workers`` runs at a time) and scored on the held-out split's glass pixels (and the whole image):
 
-    python -m perception.normals.experiments glass --out outputs/transnormal_glass --seeds 0 1 \
+    embodied experiment transnormal glass --out outputs/transnormal_glass --seeds 0 1 \
         --arms effnet dino none diffusion effnet_nocons effnet_nowav --steps 1500 [--size 96] [--crop 64] \
         [--workers 2]
 
@@ -33,7 +33,6 @@ pretrained context), ``*_nocons`` / ``*_nowav`` the appearance-consistency or th
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +178,7 @@ def glass(args) -> dict[str, Any]:
         rows.append({"arm": "constant normal (train mean)", **ex.seed_stats([const], METRICS), "steps": None,
                      "per_seed_glass_mean": [round(const["glass"]["mean"], 2)]})
     meta_file = Path(_glass_root(args)) / "meta.json"
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("_")}
     summary = {"settings": settings, "rows": rows, "failed": [str(f) for f in failures],
                "mean_glass_fraction": read_json(meta_file).get("mean_glass_fraction") if meta_file.is_file() else None}
     print(ex.write_summary(out, summary, ex.arm_table({r["arm"]: r for r in rows}, COLUMNS)))
@@ -244,30 +243,29 @@ def ship(args) -> dict[str, Any]:
     return {"src": str(src), "dst": str(dst), "domain_kept": same}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("realism", help="old data vs new data (both checkpoints, both test sets, real photos)")
-    r.add_argument("--out", type=Path, default=Path("outputs/transnormal_realism"))
-    r.add_argument("--old", default="assets/checkpoints/transnormal_procedural")
-    r.add_argument("--new", default="outputs/transnormal_workspace")
-    r.add_argument("--train", action="store_true", help="train --new first (embodied train transnormal) if missing")
-    r.set_defaults(func=realism)
-    g = sub.add_parser("glass", help="context encoders and losses on glass-dominated renders")
-    ex.grid_arguments(g, out="outputs/transnormal_glass", default_arms=["effnet", "none"])
-    g.add_argument("--steps", type=int, default=1500)
-    g.add_argument("--size", type=int, default=96, help="rendered view side (px)")
-    g.add_argument("--crop", type=int, default=64, help="training crop side (model.image_size)")
-    g.add_argument("--n", type=int, default=480, help="views to render (the last 20 %% are the test split)")
-    g.add_argument("--data", default=None, help="dataset root (default outputs/datasets/transnormal_glass<size>)")
-    g.set_defaults(func=glass)
-    sh = sub.add_parser("ship", help="export a run's checkpoint into assets/ as a self-contained folder")
-    sh.add_argument("run", help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")
-    sh.add_argument("--dst", default="assets/checkpoints/transnormal")
-    sh.set_defaults(func=ship)
-    args = ap.parse_args(argv)
-    return args.func(args)
+STUDIES = {
+    "realism": ex.Experiment(
+        realism, help="old data vs new data (both checkpoints, both test sets, real photos)",
+        options=(("--out", dict(type=Path, default=Path("outputs/transnormal_realism"))),
+                 ("--old", dict(default="assets/checkpoints/transnormal_procedural")),
+                 ("--new", dict(default="outputs/transnormal_workspace")),
+                 ("--train", dict(action="store_true",
+                                  help="train --new first (embodied train transnormal) if missing")))),
+    "glass": ex.Experiment(
+        glass, help="context encoders and losses on glass-dominated renders", out="outputs/transnormal_glass",
+        arms=["effnet", "none"],
+        options=(("--steps", dict(type=int, default=1500)),
+                 ("--size", dict(type=int, default=96, help="rendered view side (px)")),
+                 ("--crop", dict(type=int, default=64, help="training crop side (model.image_size)")),
+                 ("--n", dict(type=int, default=480, help="views to render (the last 20 %% are the test split)")),
+                 ("--data", dict(default=None,
+                                 help="dataset root (default outputs/datasets/transnormal_glass<size>)")))),
+    "ship": ex.Experiment(
+        ship, help="export a run's checkpoint into assets/ as a self-contained folder",
+        options=(("run", dict(help="run folder or checkpoint, e.g. outputs/transnormal_glass/effnet_s0")),
+                 ("--dst", dict(default="assets/checkpoints/transnormal")))),
+}
 
 
 if __name__ == "__main__":
-    raise SystemExit(1 if main().get("failed") else 0)
+    raise SystemExit(ex.moved("perception.normals.experiments", "transnormal"))

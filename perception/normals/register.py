@@ -21,9 +21,10 @@ register_method(
     config="perception.normals.configuration_transnormal",
     model="perception.normals.modeling_transnormal:TransNormalModel",
     example="perception.normals.modeling_transnormal:example",
+    experiment="perception.normals.experiments:STUDIES",
     headline=[("models.*.all.mean", "deg"), ("models.*.all.median", "deg"), ("models.*.all.a11.25", "%")],
     demo="perception.normals.demo:demo_section",
-    # the context-encoder study (python -m perception.normals.experiments glass): the method as
+    # the context-encoder study (embodied experiment transnormal glass): the method as
     # configs/experiment/transnormal.yaml sets it (frozen ImageNet EfficientNet-Lite0 context), then the
     # random-init DINOv3, no context (a learned null token), the multi-step diffusion baseline, the loss
     # ablations; each into its own out_dir

@@ -1,6 +1,6 @@
 """Old data vs new data for SoLA, rerunnable: both checkpoints on both held-out sets and on a real panorama.
 
-    python -m perception.spherical.experiments --out outputs/sola_realism \
+    embodied experiment sola --out outputs/sola_realism \
         [--old assets/checkpoints/sola_analytic] [--new outputs/sola] [--train]
 
 ``--old`` is the checkpoint trained on the analytic rooms (``data.render_source=analytic``), ``--new`` the one
@@ -14,7 +14,6 @@ tables, and the depth range and class histogram each checkpoint predicts on the 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +57,8 @@ def real_panorama(out: Path, tag: str, ckpt: str, pano: Path) -> dict[str, Any]:
             "depth_png": str(d / f"{pano.stem}_depth.png"), "semantic_png": str(d / f"{pano.stem}_semantic.png")}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("outputs/sola_realism"))
-    ap.add_argument("--old", default="assets/checkpoints/sola_analytic")
-    ap.add_argument("--new", default="outputs/sola")
-    ap.add_argument("--train", action="store_true", help="train --new first (embodied train sola) if it is missing")
-    args = ap.parse_args(argv)
+def realism(args) -> dict[str, Any]:
+    """``embodied experiment sola``: both checkpoints on both held-out sets and on a real panorama."""
     out = args.out
     if args.train and not (Path(args.new) / "checkpoints").is_dir() and not (Path(args.new) / "model.safetensors").is_file():
         run_cli(["train", "sola", f"out_dir={args.new}", "trainer.progress=false", "trainer.tensorboard=false"],
@@ -100,5 +94,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
+EXPERIMENT = ex.Experiment(
+    realism,
+    options=(("--out", dict(type=Path, default=Path("outputs/sola_realism"))),
+             ("--old", dict(default="assets/checkpoints/sola_analytic")),
+             ("--new", dict(default="outputs/sola")),
+             ("--train", dict(action="store_true", help="train --new first (embodied train sola) if it is missing"))))
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(ex.moved("perception.spherical.experiments", "sola"))

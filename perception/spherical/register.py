@@ -10,6 +10,7 @@ register_method(
     config="perception.spherical.configuration_sola",
     model="perception.spherical.modeling_sola:SoLAModel",
     example="perception.spherical.modeling_sola:example",
+    experiment="perception.spherical.experiments:EXPERIMENT",
     headline=[("mae", "m"), ("rmse", "m"), ("absrel", ""), ("delta1", ""), ("miou", "")],
     demo="perception.spherical.demo:demo_section",
     infer=[InferSpec(

@@ -1,6 +1,6 @@
 """The paper's comparison in miniature: Flex-Forcing in three regimes against the rigid-schedule baselines.
 
-``python -m perception.video.experiments --out outputs/flex_exp [--seeds 0 1] [--steps 2500] [--workers 1]``
+``embodied experiment flexforcing --out outputs/flex_exp [--seeds 0 1] [--steps 2500] [--workers 1]``
 
 Same data, budget and harness for every arm: Flex-Forcing's registered arms (``perception/video/register.py``:
 the method, bidirectional-only and autoregressive-only) are trained by the project's own command (the
@@ -17,7 +17,6 @@ clips into ``DIR`` (``assets/samples/flexforcing`` for the demo).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips
     from core.config import compose, to_object
     from core.data.video import write_mp4
     from perception.video.modeling_flexforcing import FlexForcingModel
-    from perception.video.sampling import continue_video, supported_regimes
+    from perception.video.pipeline_flexforcing import continue_video, supported_regimes
     from perception.video.task import build_dataset
 
     data = to_object(compose(["experiment=flexforcing"]).data)
@@ -131,7 +130,7 @@ def export_checkpoint(run: Path, dest: Path, summary: dict[str, Any], steps: int
         "data": f"sim.render.videos.make_dataset(n={data.render_n}, seed={data.render_seed}, size={data.size}, "
                 f"frames={data.render_frames}); windows of 8 frames",
         "command": f"embodied train flexforcing trainer.max_steps={steps} trainer.seed={seed} "
-                   "model.vae_path=<shared VAE> (python -m perception.video.experiments)",
+                   "model.vae_path=<shared VAE> (embodied experiment flexforcing)",
         "metrics": {**metrics, "split": f"{summary['clips']} held-out clips (seed {data.test_seed}), continuation of "
                                         f"{summary['context']} frames, first training window, seed-mean"},
     }
@@ -140,17 +139,8 @@ def export_checkpoint(run: Path, dest: Path, summary: dict[str, Any], steps: int
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ex.grid_arguments(p, out="outputs/flex_exp", workers=1)
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--vae", type=Path, default=None,
-                   help="a trained Wan VAE folder every arm shares (e.g. the pilot's outputs/wan_vae_pilot/vae) "
-                        "instead of training <out>/vae first")
-    p.add_argument("--ship", type=Path, default=None, help="copy the comparison and videos here (for the demo)")
-    p.add_argument("--export", type=Path, default=None, help="export the first seed's Flex-Forcing model here")
-    p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
-    args = p.parse_args(argv)
+def run(args) -> int:
+    """``embodied experiment flexforcing``: train every arm on the same clips and VAE, evaluate, tabulate."""
     g = grid(args.out, args.seeds, args.steps, args.overrides, args.workers, args.vae)
     if not args.collect_only:
         if args.vae is None:
@@ -172,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in g.cells():
         runs[c.arm][c.seed] = c.run_dir
     summary = summarise(results, next(iter(g.arms)))
-    summary["command"] = f"python -m perception.video.experiments --seeds {' '.join(map(str, args.seeds))} " \
+    summary["command"] = f"embodied experiment flexforcing --seeds {' '.join(map(str, args.seeds))} " \
                          f"--steps {args.steps}"
     from core.io import write_json
 
@@ -197,5 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+EXPERIMENT = ex.Experiment(
+    run, out="outputs/flex_exp", workers=1,
+    options=(("--steps", dict(type=int, default=1500)),
+             ("--vae", dict(type=Path, default=None,
+                            help="a trained Wan VAE folder every arm shares (e.g. the pilot's "
+                                 "outputs/wan_vae_pilot/vae) instead of training <out>/vae first")),
+             ("--ship", dict(type=Path, default=None, help="copy the comparison and videos here (for the demo)")),
+             ("--export", dict(type=Path, default=None, help="export the first seed's Flex-Forcing model here")),
+             ("overrides", dict(nargs="*", help="extra config overrides for every run"))))
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(ex.moved("perception.video.experiments", "flexforcing"))

@@ -11,6 +11,7 @@ register_method(
     config="perception.video.configuration_flexforcing",
     model="perception.video.modeling_flexforcing:FlexForcingModel",
     example="perception.video.modeling_flexforcing:example",
+    experiment="perception.video.experiments:EXPERIMENT",
     headline=[("regimes.*.mean.psnr", "dB"), ("regimes.*.mean.ssim", ""), ("regimes.*.mean.fd", ""),
               ("regimes.*.mean.fps", "frames/s")],
     demo="perception.video.demo:demo_section",

@@ -1,22 +1,21 @@
 """LAC-WM's scaling sweep: held-out rollout error vs the number of pretraining embodiments, and its tables.
 
-``python -m worldmodels.lacwm.experiments scaling [--counts 1 2 3] [--arms lacwm,eacwm,scratch] [--workers N]
+``embodied experiment lacwm scaling [--counts 1 2 3] [--arms lacwm,eacwm,scratch] [--workers N]
 [overrides]``: for each number of pretraining embodiments, LAC-WM and its EAC-WM arm are pretrained and adapted
 (the ``core.experiments`` grid, through the public CLI); scratch once, in process; the held-out rollout error
 table goes to ``<out_dir>/scaling.json``. ``... reeval --plan`` evaluates a finished sweep again
 (``reeval.json``, with planning on the largest count); ``... table`` prints the README tables of a
 ``reeval.json``. The training and evaluation code is ``worldmodels.lacwm.training`` / ``task`` / ``metrics``.
 
-``python -m worldmodels.lacwm.experiments libero-plan --world-model DIR [--proposal CKPT] --select
+``embodied experiment lacwm libero-plan --world-model DIR [--proposal CKPT] --select
 model|random|policy --suite S --out DIR [--tasks IDS] [--episodes-per-task N] [--workers K]``: planning
 with a world model trained on LIBERO demos (``configs/experiment/lacwm_libero.yaml``), scored by
 ``embodied libero eval``'s protocol and harness (``sim.libero.evaluate``): the policy is
-``worldmodels.lacwm.planning.libero_planner``.
+``worldmodels.lacwm.pipeline_lacwm.libero_planner``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -24,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from core import experiments as ex
 from core.config import to_container
+from core.errors import ConfigError
 from core.io import write_json
 from worldmodels.lacwm.task import configs, evaluate
 from worldmodels.lacwm.training import adapt, data_files
@@ -192,43 +193,18 @@ def seed_markdown(tables: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def libero_plan(argv: list[str]) -> int:
+def libero_plan(a) -> int:
     """``libero-plan``: ``evaluate_libero`` with ``libero_planner`` as the policy; prints the table."""
     import functools
 
     from sim.libero.evaluate import INFO_FILE, evaluate_libero, parse_task_ids, stdout_table
-    from worldmodels.lacwm.planning import libero_planner
+    from worldmodels.lacwm.pipeline_lacwm import libero_planner
 
-    p = argparse.ArgumentParser(prog="python -m worldmodels.lacwm.experiments libero-plan",
-                                description="planning with a LIBERO-trained world model, in LIBERO's protocol")
-    p.add_argument("--world-model", required=True, type=Path, help="the world model's folder (e.g. .../adapted)")
-    p.add_argument("--proposal", default=None, help="a policy checkpoint proposing action chunks (none: random "
-                   "shooting, smooth random walks)")
-    p.add_argument("--select", default="model", choices=["model", "random", "policy"],
-                   help="model: closest imagined frame to the goal; random: a random candidate; policy: the "
-                   "proposal itself")
-    p.add_argument("--candidates", type=int, default=16)
-    p.add_argument("--horizon", type=int, default=2, help="transitions imagined per candidate")
-    p.add_argument("--noise", type=float, default=0.3, help="std of the candidates' offset from the proposal")
-    p.add_argument("--score-pool", type=int, default=4, dest="score_pool")
-    p.add_argument("--subgoal", type=int, default=0, help="0: the expert's end frame is the goal; k > 0: track the "
-                   "expert's path, the goal k policy steps past the nearest path frame (with --select model)")
-    p.add_argument("--suite", required=True)
-    p.add_argument("--tasks", default=None)
-    p.add_argument("--episodes-per-task", type=int, default=50, dest="episodes_per_task")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None, dest="max_steps", help="default: the suite's limit")
-    p.add_argument("--settle-steps", type=int, default=10, dest="settle_steps")
-    p.add_argument("--videos", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--overwrite", action="store_true")
-    a = p.parse_args(argv)
     if a.subgoal < 0:
-        p.error(f"--subgoal must be >= 0, got {a.subgoal}")
+        raise ConfigError(f"--subgoal must be >= 0, got {a.subgoal}")
     for path in (a.world_model, *([a.proposal] if a.proposal else [])):
         if not Path(path).exists():
-            p.error(f"{path}: no such checkpoint folder")
+            raise ConfigError(f"{path}: no such checkpoint folder")
     factory = functools.partial(libero_planner, world_model=str(a.world_model.resolve()),
                                 proposal=str(Path(a.proposal).resolve()) if a.proposal else None, select=a.select,
                                 num_candidates=a.candidates, horizon=a.horizon, noise=a.noise,
@@ -241,50 +217,81 @@ def libero_plan(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m worldmodels.lacwm.experiments scaling|reeval --counts 1 2 3 --out DIR [--plan] [--arms A,B]
-    [overrides]``, or ``libero-plan ...`` (see the module docstring)."""
-    import sys
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["libero-plan"]:
-        return libero_plan(argv[1:])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["scaling", "reeval", "table"])
-    parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--out", default="outputs/lacwm/scaling")
-    parser.add_argument("--plan", action="store_true", help="reeval: also run planning for the largest count")
-    parser.add_argument("--seeds", nargs="+", default=None,
-                        help="table: sweep folders of other seeds (the same sweep, other trainer.seed) to average "
-                        "with --out")
-    parser.add_argument("--arms", default=",".join(ARMS), help="scaling: comma-separated arms to run (of "
-                        f"{','.join(ARMS)})")
-    parser.add_argument("--workers", type=int, default=1, help="scaling: runs at a time (one process, one thread each)")
-    parser.add_argument("overrides", nargs="*")
-    args, extra = parser.parse_known_args(argv)
-    overrides = [*args.overrides, *extra]
-    if args.what == "table":  # markdown of a finished reeval.json
-        from core.io import read_json
 
-        table = read_json(Path(args.out) / "reeval.json")
-        print(markdown(table))
-        if args.seeds:
-            print("\n" + seed_markdown([table, *(read_json(Path(d) / "reeval.json") for d in args.seeds)]))
-        return 0
-    if args.what == "reeval":
-        table = reevaluate(overrides, args.counts, args.out, plan=args.plan)
-    else:
-        arms = tuple(a for a in args.arms.split(",") if a)
-        bad = [a for a in arms if a not in ARMS]
-        if bad or not arms:
-            parser.error(f"--arms: unknown {bad}; choose from {','.join(ARMS)}")
-        table = scaling(overrides, args.counts, args.out, arms=arms, workers=args.workers)
+def _scaling(args) -> int:
+    arms = tuple(a for a in args.arms.split(",") if a)
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        raise ConfigError(f"--arms: unknown {bad}; choose from {','.join(ARMS)}")
+    table = scaling(args.overrides, args.counts, args.out, arms=arms, workers=args.workers)
     print(json.dumps(table["rows"], indent=1))
     return 1 if table.get("failed") else 0
 
 
-if __name__ == "__main__":
-    from core.bootstrap import prepare_process
+def _reeval(args) -> int:
+    table = reevaluate(args.overrides, args.counts, args.out, plan=args.plan)
+    print(json.dumps(table["rows"], indent=1))
+    return 1 if table.get("failed") else 0
 
-    prepare_process()
-    raise SystemExit(main())
+
+def _table(args) -> int:
+    """The markdown of a finished ``reeval.json`` (and the seed table with ``--seeds``)."""
+    from core.io import read_json
+
+    table = read_json(Path(args.out) / "reeval.json")
+    print(markdown(table))
+    if args.seeds:
+        print("\n" + seed_markdown([table, *(read_json(Path(d) / "reeval.json") for d in args.seeds)]))
+    return 0
+
+
+_COUNTS = ("--counts", dict(type=int, nargs="+", default=[1, 2, 3]))
+_OUT = ("--out", dict(default="outputs/lacwm/scaling"))
+_OVERRIDES = ("overrides", dict(nargs="*", help="config overrides for every run"))
+STUDIES = {
+    "scaling": ex.Experiment(
+        _scaling, help="held-out rollout error vs the number of pretraining embodiments",
+        options=(_COUNTS, _OUT,
+                 ("--arms", dict(default=",".join(ARMS), help=f"comma-separated arms to run (of {','.join(ARMS)})")),
+                 ("--workers", dict(type=int, default=1, help="runs at a time (one process, one thread each)")),
+                 _OVERRIDES)),
+    "reeval": ex.Experiment(
+        _reeval, help="evaluate a finished sweep again (reeval.json)",
+        options=(_COUNTS, _OUT, ("--plan", dict(action="store_true", help="also run planning for the largest count")),
+                 _OVERRIDES)),
+    "table": ex.Experiment(
+        _table, help="print the README tables of a finished reeval.json",
+        options=(_OUT, ("--seeds", dict(nargs="+", default=None, help="sweep folders of other seeds (the same sweep, "
+                                                                      "other trainer.seed) to average with --out")))),
+    "libero-plan": ex.Experiment(
+        libero_plan, help="planning with a LIBERO-trained world model, in LIBERO's protocol",
+        options=(
+            ("--world-model", dict(required=True, type=Path, help="the world model's folder (e.g. .../adapted)")),
+            ("--proposal", dict(default=None, help="a policy checkpoint proposing action chunks (none: random "
+                                                   "shooting, smooth random walks)")),
+            ("--select", dict(default="model", choices=["model", "random", "policy"],
+                              help="model: closest imagined frame to the goal; random: a random candidate; policy: "
+                                   "the proposal itself")),
+            ("--candidates", dict(type=int, default=16)),
+            ("--horizon", dict(type=int, default=2, help="transitions imagined per candidate")),
+            ("--noise", dict(type=float, default=0.3, help="std of the candidates' offset from the proposal")),
+            ("--score-pool", dict(type=int, default=4, dest="score_pool")),
+            ("--subgoal", dict(type=int, default=0, help="0: the expert's end frame is the goal; k > 0: track the "
+                               "expert's path, the goal k policy steps past the nearest path frame (with --select "
+                               "model)")),
+            ("--suite", dict(required=True)),
+            ("--tasks", dict(default=None)),
+            ("--episodes-per-task", dict(type=int, default=50, dest="episodes_per_task")),
+            ("--workers", dict(type=int, default=1)),
+            ("--max-steps", dict(type=int, default=None, dest="max_steps", help="default: the suite's limit")),
+            ("--settle-steps", dict(type=int, default=10, dest="settle_steps")),
+            ("--videos", dict(type=int, default=1)),
+            ("--seed", dict(type=int, default=0)),
+            ("--out", dict(required=True, type=Path)),
+            ("--overwrite", dict(action="store_true")))),
+}
+
+
+if __name__ == "__main__":
+    raise SystemExit(ex.moved("worldmodels.lacwm.experiments", "lacwm"))
