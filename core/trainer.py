@@ -198,13 +198,19 @@ def fsdp_units(model: nn.Module, wrap: Sequence[str] | None = None) -> list[nn.M
 
 def shard_fsdp(step_module: nn.Module, model: nn.Module, device: torch.device, world_size: int,
                param_dtype: torch.dtype | None = None, wrap: Sequence[str] | None = None,
-               reshard_after_forward: bool = True) -> None:
+               reshard_after_forward: bool = True, find_unused_parameters: bool = False) -> None:
     """FSDP2: ``fully_shard`` every unit of ``model`` (``fsdp_units``), then ``step_module`` as the root.
 
     The root is the step module (which calls ``model.training_step``) rather than the model, so that its
     pre-forward hook (which gathers the root's parameters) runs around the whole ``training_step``, not only
     around ``model.forward``. ``param_dtype`` (bf16) gathers weights in that dtype and reduces gradients in
     fp32. The contract test's FSDP check shards every method's example with this same function.
+
+    ``find_unused_parameters`` (DDP's option; FSDP2's ``set_reduce_scatter_unused_params``), on several ranks: a
+    trainable parameter that a backward gave no gradient on this rank is reduced with a zero gradient (one that
+    no rank used gets a zero gradient, not none). Without it each rank reduce-scatters only the gradients it has,
+    so a step that uses a parameter on one rank and not on another (control flow drawn per rank) reduce-scatters
+    different sizes: a collective mismatch. One rank has no one to match, and keeps plain training's ``None``.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -218,6 +224,8 @@ def shard_fsdp(step_module: nn.Module, model: nn.Module, device: torch.device, w
     # compute dtype as under the other strategies.
     root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, cast_forward_inputs=False)
     fully_shard(step_module, mesh=mesh, mp_policy=root_mp)
+    if find_unused_parameters and world_size > 1:
+        step_module.set_reduce_scatter_unused_params(True)  # the root and every unit
 
 
 def unshard_fsdp(root: nn.Module) -> None:
@@ -405,6 +413,9 @@ class Trainer:
             seeded by (seed, micro-batch number), so a resumed run sees the same augmentations.
         hooks: Callables ``(trainer, step, metrics)`` run on rank 0 after every logging step. Under FSDP
             ``trainer.model`` holds shards and a hook, running on rank 0 alone, must not gather them.
+        find_unused_parameters: Some steps leave some trainable parameters without a gradient, and which ones
+            may differ between ranks (e.g. a branch drawn per step): DDP's ``find_unused_parameters``, and under
+            FSDP those parameters are reduced with zero gradients (``shard_fsdp``). No effect in one process.
     """
 
     def __init__(
@@ -439,6 +450,7 @@ class Trainer:
             self._enable_checkpointing(model)
         self.step_module: nn.Module = StepModule(self.model)
         self._released = False  # release() made the model plain again (FSDP removed)
+        self.find_unused_parameters = find_unused_parameters
         if self.strategy == "ddp":
             self.step_module = nn.parallel.DistributedDataParallel(
                 self.step_module,
@@ -495,7 +507,8 @@ class Trainer:
     def _shard(self) -> None:
         """FSDP2 over all processes (``shard_fsdp``) with the trainer's precision and wrap settings."""
         shard_fsdp(self.step_module, self.model, self.device, self.dist.world_size, self.autocast_dtype,
-                   wrap=self.cfg.fsdp_wrap, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
+                   wrap=self.cfg.fsdp_wrap, reshard_after_forward=self.cfg.fsdp_reshard_after_forward,
+                   find_unused_parameters=self.find_unused_parameters)
 
     def release(self) -> nn.Module:
         """The model as a plain module again, after training; under FSDP a collective (every rank calls it).

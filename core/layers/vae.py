@@ -11,6 +11,8 @@ same class loads it. Latents are normalised by the caller with per-channel stati
 
 from __future__ import annotations
 
+import types
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -259,19 +261,47 @@ def wan21_vae_size() -> int:
     return sum(p.numel() for p in vae.parameters())
 
 
+class _Slots:
+    """A fixed-length mutable sequence that is not a ``list``: Wan's causal feature cache and its cursor.
+
+    Wan's blocks update the cache (``feat_cache[i] = ...``) and its cursor (``feat_idx[0] += 1``) in place, for
+    the caller to see. A block that FSDP2 shards (``fully_shard``) gets its arguments rebuilt first: a copy of every
+    ``list`` / ``tuple`` / ``dict`` argument when it casts inputs to the mixed-precision dtype, and of any holding a
+    tensor that requires grad when it registers its backward hook. The block then updates the copies, and the
+    caller's cache goes stale: with bf16 the cursor is lost and the next block reads another convolution's
+    features (``Sizes of tensors must match``); in fp32 the cached frames are lost, silently (the resampling
+    ``time_conv`` of later chunks never runs). FSDP passes any other object through as it is.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Sequence[Any]):
+        self._items = list(items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._items[i]
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        self._items[i] = value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 def _causal_pass(net: nn.Module, x: torch.Tensor, sizes: Sequence[int], decoder: bool) -> torch.Tensor:
     """Run Wan's encoder / decoder over ``x`` (B, C, T, H, W) chunk by chunk, ``sizes`` frames each.
 
     With its causal feature cache, as diffusers' ``_encode`` / ``_decode`` do; a fresh cache, so calls are
-    independent (and re-entrant).
+    independent (and re-entrant). The cache and its cursor are ``_Slots``, not lists, so that they stay shared
+    when the blocks are FSDP units (see ``_Slots``).
     """
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-    cache: list[Any] = [None] * sum(isinstance(m, WanCausalConv3d) for m in net.modules())
+    cache = _Slots([None] * sum(isinstance(m, WanCausalConv3d) for m in net.modules()))
     outs, t = [], 0
     for i, n in enumerate(sizes):
         kwargs = {"first_chunk": True} if decoder and i == 0 else {}
-        outs.append(net(x[:, :, t:t + n], feat_cache=cache, feat_idx=[0], **kwargs))
+        outs.append(net(x[:, :, t:t + n], feat_cache=cache, feat_idx=_Slots([0]), **kwargs))
         t += n
     return torch.cat(outs, 2)
 
@@ -338,15 +368,31 @@ def wan_decode(vae: nn.Module, latents: torch.Tensor, chunk: int | None = None) 
     return torch.cat(outs)
 
 
+def _frame_local_conv_forward(self: nn.Module, input: torch.Tensor, weight: torch.Tensor,
+                              bias: torch.Tensor | None) -> torch.Tensor:
+    """``Conv3d._conv_forward`` of a frame-local convolution (``_frame_local``): past taps get no gradient.
+
+    The weight's gradient is masked to its current slice, so the past taps stay at zero. The gradient hook goes on
+    the tensor the convolution is given, the first time it is given it: in one process the parameter itself (as a
+    hook registered on it up front would be), under FSDP2 the gathered weight that FSDP swaps in for the forward
+    and backward (a hook on the registered parameter never runs there, and the past taps would train), after
+    ``Trainer.release`` the new full parameter.
+    """
+    if weight.requires_grad and (self.frame_local_hooked is None or self.frame_local_hooked() is not weight):
+        weight.register_hook(lambda g, m=self: g * m.frame_local_mask.to(g.device, g.dtype))
+        self.frame_local_hooked = weakref.ref(weight)
+    return nn.Conv3d._conv_forward(self, input, weight, bias)
+
+
 def _frame_local(vae: nn.Module) -> int:
     """Keep every causal 3-D convolution of ``vae`` frame-local, except the resampling ones' ``time_conv``.
 
     The past taps (all temporal slices but the last) of those convolutions are zeroed, the current slice scaled
     by ``sqrt(k_t)`` to keep the output variance (Wan inflates its 3-D VAE from a 2-D one the same way, current
-    slice only), and a gradient hook keeps the past taps at zero during training. The resampling ``time_conv``
-    start as the identity in time (downsampling: the mean of a latent frame's two video frames; upsampling: the
-    latent frame repeated), so the VAE starts as a per-frame one. Returns how many convolutions were made
-    frame-local.
+    slice only), and a gradient hook on the weight each such convolution is given (``_frame_local_conv_forward``)
+    keeps the past taps at zero during training, under FSDP too. The resampling ``time_conv`` start as the
+    identity in time (downsampling: the mean of a latent frame's two video frames; upsampling: the latent frame
+    repeated), so the VAE starts as a per-frame one. Returns how many convolutions were made frame-local.
     """
     import math
 
@@ -376,7 +422,9 @@ def _frame_local(vae: nn.Module) -> int:
         with torch.no_grad():
             m.weight[:, :, -1] *= math.sqrt(kt)
             m.weight.mul_(mask)
-        m.weight.register_hook(lambda g, mask=mask: g * mask.to(g.device, g.dtype))
+        m.register_buffer("frame_local_mask", mask, persistent=False)  # not a weight: checkpoints are unchanged
+        m.frame_local_hooked = None  # a weak reference to the weight tensor that has the gradient hook
+        m._conv_forward = types.MethodType(_frame_local_conv_forward, m)
         n += 1
     return n
 

@@ -206,7 +206,9 @@ class FlexForcingModel(PreTrainedModel):
 
         The per-layer key projections (``dit.kproj``) stay with the root (gathered for the whole step): a step
         calls each once per chunk, and the chunking is drawn per rank, so as units of their own they would be
-        gathered a different number of times on different ranks (a collective mismatch).
+        gathered a different number of times on different ranks (a collective mismatch). A step with one chunk
+        does not use them at all, so the task trains with ``find_unused_parameters`` (their gradient is then
+        reduced as zero on that rank rather than left out, which would mismatch the reduce-scatter).
         """
         from core.layers.checkpointing import block_units
 

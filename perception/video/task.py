@@ -162,7 +162,9 @@ def train(cfg) -> dict[str, Any]:
     run_config["model"] = dataclasses.asdict(model_cfg)
     save_resolved(run_config, out_dir)
     latents = LatentWindows(clips, model, model_cfg.num_frames, data.window_step)
-    result = Trainer(model, latents, trainer_cfg, out_dir, run_config=run_config).fit()
+    # a step with one chunk leaves the K-projections without a gradient, and the chunking is drawn per rank
+    result = Trainer(model, latents, trainer_cfg, out_dir, run_config=run_config,
+                     find_unused_parameters=model.dit.kproj is not None).fit()
     log.info("trained %s/%s on %d clips; final %s", model_cfg.chunking, model_cfg.noise, len(clips.sources),
              result["metrics"])
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"])}
