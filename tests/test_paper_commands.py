@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.testing import folder_digest
+
 REPO = Path(__file__).resolve().parents[1]
 PAPER_YAMLS = sorted((REPO / "configs" / "experiment").glob("*_paper.yaml"))
 FAST = ["trainer.max_steps=2", "trainer.batch_size=2", "trainer.grad_accum=1", "trainer.ckpt_every=2",
@@ -183,14 +185,6 @@ def save_qwen_folder(folder: Path, family: str, corpus: list[str]) -> Path:
     return folder
 
 
-def tree_digest(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` -> its content hash (new, removed or changed files all show)."""
-    import hashlib
-
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def write_genimage(root: Path, generators=("stable_diffusion_v_1_4", "midjourney"), n: int = 4, size: int = 48):
     """A GenImage-layout folder (``<generator>/<split>/{ai,nature}/*.png``), as Deep-VRM's own tests write it."""
     from tests.perception.forensics.test_deepvrm import _write_layout
@@ -237,7 +231,7 @@ def test_deepvrm_paper_command_on_a_qwen2_5_vl_folder(outside, tmp_path):
 
     base = save_qwen_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "qwen2_5_vl", tokenizer_corpus([]) * 3)
     data = write_genimage(tmp_path / "GenImage")
-    before = {"base": tree_digest(base), "data": tree_digest(data)}
+    before = {"base": folder_digest(base), "data": folder_digest(data)}
     argv = substitute(train_command(REPO / "configs/experiment/deepvrm_paper.yaml"), **{"model.base_path": str(base)})
     run_cli([*argv[1:], f"data.root={data}", "data.generators=[stable_diffusion_v_1_4,midjourney]",
              "data.stage1=[stable_diffusion_v_1_4]", "data.stage2=[]", "data.holdout=midjourney", "data.qa_train=4",
@@ -252,7 +246,7 @@ def test_deepvrm_paper_command_on_a_qwen2_5_vl_folder(outside, tmp_path):
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert [x["path"] for x in lines] == [str(p) for p in images]
     assert all(x["verdict"] in ("real", "fake") and 0.0 <= x["probability"] <= 1.0 for x in lines)
-    assert {"base": tree_digest(base), "data": tree_digest(data)} == before
+    assert {"base": folder_digest(base), "data": folder_digest(data)} == before
 
 
 @pytest.mark.slow
@@ -267,7 +261,7 @@ def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
     corpus = [SYSTEM_PROMPT, REASON_PROMPT, "change lanes to the left or right, keep the lane, slow down, stop",
               *[m.replace("_", " ") for m in META_ACTIONS]] * 6
     base = save_qwen_folder(tmp_path / "Qwen3-VL-4B-Instruct", "qwen3_vl", corpus)
-    before = tree_digest(base)
+    before = folder_digest(base)
     argv = substitute(train_command(REPO / "configs/experiment/automot_paper.yaml"), **{"model.base_path": str(base)})
     tiny_data = ["data.root=logs", "data.image_size=32", "data.episodes=1", "data.test_episodes=1",
                  "data.scenarios=[highway]", "data.horizon_s=2", "data.workers=1", "data.eval_episodes=0",
@@ -282,7 +276,7 @@ def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
              "--no-video", "--out", str(outside / "drive")], outside)
     summary = json.loads(next((outside / "drive").glob("*.json")).read_text())
     assert summary
-    assert tree_digest(base) == before
+    assert folder_digest(base) == before
 
 
 VIT_G_TINY = {"img_size": 32, "embed_dim": 44, "depth": 2, "num_heads": 2}  # ViT-g/16: 224 px, 1408, 40, 16
@@ -312,7 +306,7 @@ def test_lacwm_paper_commands_on_a_timm_vit_giant_file(outside, tmp_path):
     adaptation stage on tiny recorded data, then the documented `embodied eval lacwm ...` on the result; the user's
     weights file stays byte-identical and nothing is written next to it."""
     weights = timm_vit_giant_file(tmp_path / "weights")
-    before = tree_digest(weights.parent)
+    before = folder_digest(weights.parent)
     yaml = REPO / "configs/experiment/lacwm_paper.yaml"
     evals = [c for c in documented_commands(yaml) if c[:2] == ["embodied", "eval"]]
     assert evals, "lacwm_paper.yaml documents no `embodied eval lacwm ...` command"
@@ -334,7 +328,7 @@ def test_lacwm_paper_commands_on_a_timm_vit_giant_file(outside, tmp_path):
     assert Path(cfg["model"]["encoder_path"]).resolve() == weights.resolve()  # referenced, not copied
     result = json.loads((run / "eval.json").read_text())
     assert set(result["rollout"]) >= {"model", "shuffled", "copy_last"} and "probe" in result
-    assert tree_digest(weights.parent) == before
+    assert folder_digest(weights.parent) == before
 
 
 @pytest.mark.slow
@@ -348,7 +342,7 @@ def test_flexforcing_paper_command_on_a_wan21_pipeline_folder(outside, tmp_path)
     from tests.perception.video.conftest import save_wan_pipeline
 
     base = save_wan_pipeline(tmp_path / "Wan2.1-T2V-1.3B-Diffusers")
-    before = tree_digest(base)
+    before = folder_digest(base)
     yaml = REPO / "configs/experiment/flexforcing_paper.yaml"
     argv = substitute(train_command(yaml), **{"model.base_path": str(base)})
     shrink = ["model.frame_size=[16,32]", "data.size=[16,32]", "model.num_frames=3", "model.max_context=1",
@@ -368,4 +362,4 @@ def test_flexforcing_paper_command_on_a_wan21_pipeline_folder(outside, tmp_path)
 
     frames = read_frames(outside / "clip.mp4", 0, 9)
     assert frames.shape[0] == 9 and frames.shape[1:3] == (16, 32)
-    assert tree_digest(base) == before
+    assert folder_digest(base) == before

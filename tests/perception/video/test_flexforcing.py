@@ -452,12 +452,12 @@ def test_a_wan_pipeline_folder_loads_with_only_the_k_projection_missing_and_fine
     """FlexForcingModel(base_path=<a diffusers Wan pipeline folder>) takes its transformer key for key (only
     ``kproj.*`` is new) and its VAE with Wan's latent statistics; a training step moves the weights; the export
     rebuilds without the folder; the folder is byte-identical afterwards."""
+    from core.testing import folder_digest
     from tests.perception.video.conftest import TINY_WAN, TINY_WAN_VAE, save_wan_pipeline
-    from tests.test_paper_commands import tree_digest
 
     base = save_wan_pipeline(tmp_path / "Wan-tiny", TINY_WAN, dict(TINY_WAN_VAE, latents_mean=[0.1, -0.2, 0.3, 0.0],
                                                                      latents_std=[1.5, 2.0, 0.5, 1.0]))
-    before = tree_digest(base)
+    before = folder_digest(base)
     model = FlexForcingModel(tiny_config(base_path=str(base)))
     assert model.load_report["unexpected"] == []
     assert model.load_report["missing"] and all(k.startswith("kproj.") for k in model.load_report["missing"])
@@ -479,7 +479,7 @@ def test_a_wan_pipeline_folder_loads_with_only_the_k_projection_missing_and_fine
     again = FlexForcingModel.from_pretrained(tmp_path / "out")
     assert torch.equal(again.dit.transformer.blocks[0].attn1.to_q.weight, model.dit.transformer.blocks[0].attn1.to_q.weight)
     moved.rename(base)
-    assert tree_digest(base) == before
+    assert folder_digest(base) == before
 
 
 def test_rectangular_frames_and_a_temporal_factor_of_two_run_every_regime():
