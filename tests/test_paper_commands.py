@@ -222,6 +222,7 @@ def substitute(argv: list[str], **paths: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a VLM-sized model (~17 GB for AutoMoT's paper-geometry expert): alone, after the parallel part
 @pytest.mark.timeout(1500)
 def test_deepvrm_paper_command_on_a_qwen2_5_vl_folder(outside, tmp_path):
     """`embodied train deepvrm experiment=deepvrm_paper model.base_path=<Qwen2.5-VL folder>` (448 px, K = 16 of 28,
@@ -250,6 +251,7 @@ def test_deepvrm_paper_command_on_a_qwen2_5_vl_folder(outside, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a VLM-sized model (~17 GB for AutoMoT's paper-geometry expert): alone, after the parallel part
 @pytest.mark.timeout(1500)
 def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
     """`embodied train automot experiment=automot_paper model.base_path=<Qwen3-VL folder>` (448 px frames, the

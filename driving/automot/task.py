@@ -285,6 +285,7 @@ def _configs(cfg) -> tuple[AutoMoTModelConfig, AutoMoTDataConfig, TrainerConfig]
 def train(cfg) -> dict[str, Any]:
     """Train one arm (see the module docstring)."""
     from core.bootstrap import prepare_process
+    from core.distributed import barrier
     from core.trainer import Trainer, seed_everything
 
     prepare_process()
@@ -317,10 +318,12 @@ def train(cfg) -> dict[str, Any]:
     vla.set_stage("vla")
     command = (f"embodied train automot model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
                f"trainer.max_steps={tcfg.max_steps}")
-    vla.save_pretrained(out_dir / POLICY_DIR, card={"command": command, "stages": results,
-                                                    "env_image_size": data.image_size,
-                                                    "scenarios": list(data.scenarios)},
-                        run_config={k: v for k, v in run_config.items() if k != "model"})
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 writes the policy (the ranks raced)
+        vla.save_pretrained(out_dir / POLICY_DIR, card={"command": command, "stages": results,
+                                                        "env_image_size": data.image_size,
+                                                        "scenarios": list(data.scenarios)},
+                            run_config={k: v for k, v in run_config.items() if k != "model"})
+    barrier()  # the other ranks return once the policy is on disk
     return {"arm": model_cfg.arm, "stages": results, "policy": str(out_dir / POLICY_DIR)}
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from core.config import TrainerConfig, save_resolved, to_container, to_object
+from core.distributed import barrier
 from core.errors import CheckpointError, ConfigError
 from core.io import read_json, write_json
 from core.logging import get_logger
@@ -423,10 +424,12 @@ def train(cfg) -> dict[str, Any]:
                     "60 % of each",
             "training_domain": domain, "command": command,
             "metrics": {k: v for k, v in result["metrics"].items() if isinstance(v, (int, float))}}
-    model.save_pretrained(out_dir / ADAPTER_DIR, card=card, run_config=export_run_config(run_config),
-                          body=f"# FeRA experiment arm `{adapter.name}` ({adapter.kind}) on a {kind} "
-                               "base\n\nAdapter tensors only; the base is referenced by `model.base_path`. "
-                               "See perception/adapters/README.md.\n")
+    if trainer.dist.is_main:  # under torchrun only rank 0 writes the export (every rank has the full weights)
+        model.save_pretrained(out_dir / ADAPTER_DIR, card=card, run_config=export_run_config(run_config),
+                              body=f"# FeRA experiment arm `{adapter.name}` ({adapter.kind}) on a {kind} "
+                                   "base\n\nAdapter tensors only; the base is referenced by `model.base_path`. "
+                                   "See perception/adapters/README.md.\n")
+    barrier()
     log.info("trained %s: %s", adapter.name, result["metrics"])
     return {"step": result["step"], "loss": result["metrics"].get("loss"), "checkpoint": str(result["checkpoint"]),
             "trainable_parameters": model.trainable_parameters()}
