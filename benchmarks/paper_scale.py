@@ -434,7 +434,7 @@ def tagrpo(ctx: Ctx) -> Case:
     ``save_pretrained`` and loaded through the registry), a group of 2 rollouts of one image."""
     from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
     from perception.i2v_rl.grpo import contrastive_loss, group_advantages
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.video.modeling_flexforcing import FlexForcingModel
 
     notes: list[str] = []
@@ -477,8 +477,9 @@ def fera(ctx: Ctx) -> Case:
     """FeRA (``adapter=fera``: 3 rank-4 experts, 3 bands, FECL) on an SD2-class UNet (320-640-1280-1280, 2 layers
     per block, 64-wide heads, 1024-d cross-attention) over SD's 64 x 64 x 4 latents (512 px images)."""
     from core.config import compose, to_object
-    from perception.adapters.backbones import BackboneConfig, FlowDenoiser, sample_images
+    from perception.adapters.backbones import BackboneConfig, FlowDenoiser
     from perception.adapters.modeling_fera import AdaptedDenoiser, tiny_config
+    from perception.adapters.pipeline_fera import sample_images
 
     notes: list[str] = []
     adapter = to_object(compose(["adapter=fera"]).adapter)

@@ -52,7 +52,8 @@ def bc_policy(channels: list[int], image_size: int, hidden: int, head: str = "l1
     import torch
 
     from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.pipeline_bc import BCPolicy
 
     torch.manual_seed(seed)
     cfg = BCConfig(image_key="image", wrist_image_key="wrist_image", proprio_key="proprio", proprio_dim=15,

@@ -128,7 +128,8 @@ def _timed_bc_policy(stamps: list[float], env: gym.Env, device: str = "cpu"):
     import torch
 
     from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.pipeline_bc import BCPolicy
 
     class TimedBCPolicy(BCPolicy):
         def act_batch(self, obs, infos=None):

@@ -1,8 +1,8 @@
 """TAGRPO cost: rollouts, the update step, and what the memory bank saves.
 
 Policy: the shipped Flex-Forcing model (``assets/checkpoints/flexforcing``: 32 px, 8 frames, 8 sampling steps) as
-``perception.i2v_rl.policy.I2VPolicy``; conditioning images: scripted clips (a square moving one pixel per frame),
-reward ``psnr`` against them. Timed with the compared functions interleaved round-robin in one process (shared,
+``perception.i2v_rl.modeling_tagrpo.I2VPolicy``; conditioning images: scripted clips (a square moving one pixel per
+frame), reward ``psnr`` against them. Timed with the compared functions interleaved round-robin in one process (shared,
 noisy cores), best of N, CUDA synchronised:
 
 * ``rollout``: one group batch (``--images`` x G = 8) of SDE rollouts with the trajectory recorded
@@ -68,7 +68,7 @@ def runner(arm: str, images: int, device: str, out: Path):
     from core.config import TrainerConfig
     from core.resources import asset
     from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.i2v_rl.rewards import CompositeReward
     from perception.i2v_rl.task import GRPORunner
 

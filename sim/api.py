@@ -34,7 +34,7 @@ Policies come in two shapes:
                        state) and ``RandomPolicy`` are per-env policies.
     ``BatchedPolicy``  K envs at once: ``reset(seed, index)``, ``act_batch(obs, infos) -> (K, A)`` with
                        ``obs`` holding (K, ...) arrays; one call (one model forward) per vector step. Learned
-                       policies implement it natively (``worldmodels.bc.modeling_bc.BCPolicy``).
+                       policies implement it natively (``worldmodels.bc.pipeline_bc.BCPolicy``).
 ``PerEnvPolicies`` turns K per-env policies into a ``BatchedPolicy`` by looping over them (experts are
 cheap); ``is_batched`` tells the two shapes apart. ``sim.rollout`` drives either through ``act_batch``.
 A policy that predicts action chunks may also offer ``action_chunk(obs, info) -> (T, A)``: the whole

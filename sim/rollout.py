@@ -12,7 +12,7 @@ the ``PolicyHost`` wrapper around each sub-env (inside the worker process for ``
   with the episode seed whenever its env resets and acts on the env's last observation / info;
   ``HostedPolicies`` is the batched adapter that loops over the hosts (one ``envs.call`` per step). This
   is what lets privileged scripted experts (``env.unwrapped.make_expert``) run under ``AsyncVectorEnv``.
-* a natively batched policy (``sim.api.is_batched``, e.g. ``worldmodels.bc.modeling_bc.BCPolicy``) is
+* a natively batched policy (``sim.api.is_batched``, e.g. ``worldmodels.bc.pipeline_bc.BCPolicy``) is
   handed back to the rollout (pickled under async), which drives one instance for all K sub-envs from the
   main process: one model forward per step, ``reset(seed, index=i)`` whenever slot ``i`` starts an episode.
 

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.diffusion import add_noise, euler_step, sample_timesteps, timestep_grid, velocity_target
+from core.diffusion import add_noise, sample_timesteps, velocity_target
 from core.pretrained import PreTrainedModel
 from perception.adapters.configuration_fera import KINDS, BackboneConfig
 
@@ -58,7 +58,6 @@ __all__ = [
     "build_backbone",
     "heldout_loss_by_level",
     "load_denoiser",
-    "sample_images",
 ]
 
 TIMESTEP_SCALE = 1000.0  # the backbones' timestep embeddings expect DDPM-style indices in [0, 1000]
@@ -270,49 +269,3 @@ def fixed_level_mse(model: nn.Module, clean: Tensor, noisy, target, levels: Sequ
         model.train(was_training)
     out["mean"] = sum(out.values()) / max(len(out), 1)
     return out
-
-
-@torch.no_grad()
-def sample_images(
-    model: nn.Module,
-    n: int,
-    steps: int = 20,
-    seed: int = 0,
-    batch_size: int = 64,
-    shift: float = 1.0,
-    shape: tuple[int, int, int] | None = None,
-) -> Tensor:
-    """Generate ``n`` images with the Euler probability-flow ODE from ``t = 1`` (noise) to ``t = 0``.
-
-    Args:
-        model: ``model(x_t, t) -> v``.
-        n: Number of images.
-        steps: Euler steps on ``timestep_grid(steps, shift)``.
-        seed: Seed of the starting noise (a CPU ``torch.Generator``; same seed, same images).
-        batch_size: Images per forward pass.
-        shift: Timestep shift of the grid (``> 1`` spends more steps at high noise).
-        shape: ``(C, H, W)``; default ``(config.channels, config.image_size, config.image_size)`` of the model
-            (of its ``denoiser`` when it wraps one).
-
-    Returns:
-        ``(n, C, H, W)`` uint8 on the CPU.
-    """
-    if shape is None:
-        cfg = getattr(model, "denoiser", model).config  # a FlowDenoiser, or a model wrapping one
-        shape = (cfg.channels, cfg.image_size, cfg.image_size)
-    was_training = model.training
-    model.eval()
-    device = _model_device(model)
-    noise = torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
-    grid = timestep_grid(steps, shift, device=device)
-    chunks = []
-    try:
-        for i in range(0, n, batch_size):
-            x = noise[i:i + batch_size].to(device)
-            for k in range(steps):
-                v = model(x, grid[k].expand(x.shape[0])).float()
-                x = euler_step(x, v, grid[k], grid[k + 1])
-            chunks.append(((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu())
-    finally:
-        model.train(was_training)
-    return torch.cat(chunks) if chunks else torch.zeros((0, *shape), dtype=torch.uint8)

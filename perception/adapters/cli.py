@@ -26,7 +26,8 @@ def infer(args) -> int:
     from core.io import read_json
     from core.viz import image_grid
     from perception.adapters.configuration_fera import FeRAModelConfig
-    from perception.adapters.task import load_adapted, sample_pixels
+    from perception.adapters.pipeline_fera import sample_pixels
+    from perception.adapters.task import load_adapted
 
     out = Path(args.out)  # the staged folder core.outputs claimed for us
     if args.n < 1 or (args.steps is not None and args.steps < 1):

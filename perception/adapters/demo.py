@@ -42,8 +42,9 @@ def _grid(imgs, cols: int = 8):
 
 def demo_section(ctx: DemoContext) -> DemoSection:
     """Samples of the base and both adapters from the same noise, held-out loss, FeRA's routing, the table."""
-    from perception.adapters.backbones import heldout_loss_by_level, sample_images
+    from perception.adapters.backbones import heldout_loss_by_level
     from perception.adapters.data import target_images
+    from perception.adapters.pipeline_fera import sample_images
     from perception.adapters.task import routing_by_level
 
     figures, body, rows = {}, "", []

@@ -64,7 +64,7 @@ from torch import Tensor, nn
 from core.errors import CheckpointError, ConfigError
 
 __all__ = ["SUPPORTED", "VAES", "DiffusersBase", "LatentDenoiser", "Objective", "is_diffusers_base",
-           "latent_heldout_loss", "latent_samples", "resolve_base"]
+           "latent_heldout_loss", "resolve_base"]
 
 #: diffusers backbone classes FeRA adapts in latent space -> their kind.
 SUPPORTED = {"UNet2DConditionModel": "unet", "DiTTransformer2DModel": "dit", "Transformer2DModel": "dit",
@@ -448,10 +448,6 @@ class LatentDenoiser(nn.Module):
         return self.objective.noisy(x0, eps, t), t, self.objective.target(x0, eps, t)
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def latent_heldout_loss(model: nn.Module, latents: Tensor, objective: Objective,
                         levels=(0.1, 0.3, 0.5, 0.7, 0.9), seed: int = 0, batch_size: int = 16) -> dict[str, float]:
@@ -460,29 +456,3 @@ def latent_heldout_loss(model: nn.Module, latents: Tensor, objective: Objective,
     from perception.adapters.backbones import fixed_level_mse
 
     return fixed_level_mse(model, latents, objective.noisy, objective.target, levels, seed, batch_size)
-
-
-@torch.no_grad()
-def latent_samples(model: nn.Module, objective: Objective, n: int, shape: tuple[int, ...], steps: int = 20,
-                   seed: int = 0, batch_size: int = 8) -> Tensor:
-    """``n`` latents drawn with DDIM (eta 0; Euler for flow) from seeded noise on ``objective.grid(steps)``."""
-    was = model.training
-    model.eval()
-    device = _device(model)
-    noise = torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed))
-    grid = objective.grid(steps, device=device)
-    chunks = []
-    try:
-        for i in range(0, n, batch_size):
-            x = noise[i:i + batch_size].to(device)
-            for k in range(steps):
-                t = grid[k].expand(x.shape[0])
-                x0, eps = objective.split(model(x, t).float(), x, t)
-                if k == steps - 1:
-                    x = x0
-                else:
-                    x = objective.noisy(x0, eps, grid[k + 1].expand(x.shape[0]))
-            chunks.append(x.cpu())
-    finally:
-        model.train(was)
-    return torch.cat(chunks) if chunks else torch.zeros((0, *shape))

@@ -44,7 +44,7 @@ from perception.adapters.modeling_fera import AdaptedDenoiser
 
 __all__ = ["ADAPTER_DIR", "AdaptedDenoiser", "Harness", "LatentDataset", "ensure_base", "evaluate",
            "export_self_contained", "is_exported_base", "is_latent_base", "load_adapted", "load_base", "pretrain_dir",
-           "sample_pixels", "ship_models", "train"]
+           "ship_models", "train"]
 
 log = get_logger("embodied.fera")
 
@@ -307,6 +307,8 @@ class Harness:
 
     def samples(self, n: int, steps: int, seed: int = 0, base: bool = False) -> torch.Tensor:
         """``n`` uint8 samples: images ``(n, 3, H, W)`` or clips ``(n, 3, F, H, W)``."""
+        from perception.adapters.pipeline_fera import sample_pixels
+
         return sample_pixels(self.model, n, steps, seed, base)
 
     @torch.no_grad()
@@ -325,23 +327,6 @@ class Harness:
             x_t = d.objective.noisy(x0, eps, tt) if self.model.is_latent else (1 - t) * x0 + t * eps
             out[f"t{t:g}"] = router.route(x_t).mean(0).tolist()
         return out
-
-
-def sample_pixels(model: AdaptedDenoiser, n: int, steps: int, seed: int = 0, base: bool = False) -> torch.Tensor:
-    """``n`` uint8 samples of the adapted model (or of its base): images ``(n, 3, H, W)``, or clips
-    ``(n, 3, F, H, W)`` of a Wan base; a latent base's are decoded through its VAE."""
-    import contextlib
-
-    from perception.adapters.backbones import sample_images
-    from perception.adapters.latent import latent_samples
-
-    d = model.denoiser
-    with model.base_pass() if base else contextlib.nullcontext():
-        if not model.is_latent:
-            return sample_images(d, n, steps=steps, seed=seed)
-        s = model.config.latent
-        z = latent_samples(d, d.objective, n, d.latent_shape(s.image_size, s.frames), steps=steps, seed=seed)
-    return d.decode(z)
 
 
 class CurveHook:

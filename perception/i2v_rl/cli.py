@@ -44,7 +44,7 @@ def infer(args) -> int:
     from core.data.video import VIDEO_EXTS, write_mp4
     from core.domain import warn_if_out_of_domain
     from core.resources import asset
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.i2v_rl.task import policy_folder
 
     out = output_file(args.out, ".mp4", getattr(args, "overwrite", False))
@@ -88,7 +88,7 @@ def calibrate_domain(checkpoint: str | Path | None = None, work: str | Path = "o
     prepare_process()  # the learning stack before any render context
 
     from core.resources import asset
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.i2v_rl.task import policy_folder
     from sim.render.videos import calibrate_clip_domain
 

@@ -130,16 +130,6 @@ class TAGRPOModelConfig:
             raise ConfigError("model.sample_steps must be >= 1 and model.sample_shift > 0")
 
 
-def tiny_config(**overrides: Any) -> TAGRPOModelConfig:
-    """The tests' policy: a short sampling grid around ``base_path``, which the tests set to a tiny Flex-Forcing
-    folder (one saved from ``perception.video.modeling_flexforcing.tiny_config()``, as the contract example's in
-    ``perception.i2v_rl.policy.example``); ``overrides`` replace fields. TAGRPO has no model YAML of its own to keep
-    equal: a tiny run composes ``model.base_path`` with a tiny base."""
-    kw: dict[str, Any] = dict(sample_steps=4)
-    kw.update(overrides)
-    return TAGRPOModelConfig(**kw)
-
-
 @schema("data", "tagrpo_data_schema")
 @dataclass
 class TAGRPODataConfig(VideoClipsConfig):

@@ -20,7 +20,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     from core.data.video import VideoClipDataset, write_mp4
     from core.pretrained import read_card
     from perception.i2v_rl.cli import FPS
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.i2v_rl.rewards import CompositeReward, RewardInputs
     from sim.render.videos import make_dataset
 

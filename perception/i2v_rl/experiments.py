@@ -226,7 +226,7 @@ def run(a) -> int:
 def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extra: list[str]) -> None:
     """The demo's assets: TAGRPO's post-trained policy (seed ``seed``) and the recorded comparison."""
     from core.resources import asset
-    from perception.i2v_rl.policy import ship_policy
+    from perception.i2v_rl.modeling_tagrpo import ship_policy
 
     # the shipped copy references the sibling shipped base (../flexforcing), not the run's absolute path
     ship_policy(out / f"tagrpo_s{seed}" / "policy", asset("checkpoints", "tagrpo"))

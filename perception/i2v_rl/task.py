@@ -507,7 +507,7 @@ def build_policy(model_cfg: TAGRPOModelConfig, data: TAGRPODataConfig, device, w
     ``weights`` goes through ``policy_folder``; the policy's frames must be ``data.size`` px (square: the simulator
     clips). A user's Wan folder without ``model.frame_size`` is built at ``data.size``.
     """
-    from perception.i2v_rl.policy import I2VPolicy, is_wan_folder
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy, is_wan_folder
 
     if weights is None and model_cfg.frame_size is None and is_wan_folder(model_cfg.base_path):
         model_cfg = dataclasses.replace(model_cfg, frame_size=data.size)
@@ -523,7 +523,7 @@ def train(cfg) -> dict[str, Any]:
     """Post-train the pretrained I2V model with ``cfg.algo`` (see the module docstring)."""
     from core.bootstrap import prepare_process
     from core.distributed import resolve_device
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from perception.i2v_rl.rewards import CompositeReward
 
     prepare_process()

@@ -200,7 +200,8 @@ class _EncodingBC(torch.nn.Module):
 
 
 def _bc_factory(log: list, env: gym.Env):
-    from worldmodels.bc.modeling_bc import BCPolicy, tiny_config
+    from worldmodels.bc.modeling_bc import tiny_config
+    from worldmodels.bc.pipeline_bc import BCPolicy
 
     cfg = tiny_config(n_action_steps=3, action_dim=1, proprio_dim=2)
     return BCPolicy(_EncodingBC(cfg, log), env.action_space.low, env.action_space.high)

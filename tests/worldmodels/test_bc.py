@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from core.config import compose
-from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, SpatialSoftmax, tiny_config
+from worldmodels.bc.modeling_bc import BCPolicyModel, SpatialSoftmax, tiny_config
+from worldmodels.bc.pipeline_bc import BCPolicy
 
 TINY = tiny_config(action_dim=3, proprio_dim=5)  # the contract example's config (its model checks run there)
 

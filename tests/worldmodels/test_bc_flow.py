@@ -10,7 +10,8 @@ import torch
 
 from core.errors import ConfigError
 from core.testing import ModelChecks
-from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel, FlowHead, tiny_config
+from worldmodels.bc.modeling_bc import BCPolicyModel, FlowHead, tiny_config
+from worldmodels.bc.pipeline_bc import BCPolicy
 
 FLOW = tiny_config(hidden_dim=32, action_dim=3, proprio_dim=5, head="flow", flow_steps=4, dropout=0.0)
 

@@ -243,7 +243,8 @@ def make_policy(env: Any, checkpoint: str | Path | None = None):
     """``core.registry.POLICIES`` factory: a ``BCPolicy`` for ``env`` from a checkpoint directory (required)."""
     from core.checkpoint import require_checkpoint
     from sim.api import PolicySpec
-    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.pipeline_bc import BCPolicy
 
     model = BCPolicyModel.from_pretrained(require_checkpoint(checkpoint, "bc"))
     c = model.config

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError, DataError
-from perception.adapters.backbones import BackboneConfig, FlowDenoiser, heldout_loss_by_level, sample_images
+from perception.adapters.backbones import BackboneConfig, FlowDenoiser, heldout_loss_by_level
 from perception.adapters.data import (
     SPLITS,
     ImageTensorDataset,
@@ -21,6 +21,7 @@ from perception.adapters.data import (
     target_videos,
 )
 from perception.adapters.modeling_fera import tiny_config
+from perception.adapters.pipeline_fera import sample_images
 
 KINDS = ("unet", "dit")
 

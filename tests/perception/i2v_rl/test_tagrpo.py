@@ -16,7 +16,6 @@ from core.errors import ConfigError, DataError
 from core.logging import read_metrics
 from core.testing import folder_digest
 from perception.i2v_rl.configuration_tagrpo import AlgoConfig, TAGRPOModelConfig
-from perception.i2v_rl.configuration_tagrpo import tiny_config as tiny_policy_config
 from perception.i2v_rl.grpo import (
     BankEntry,
     MemoryBank,
@@ -25,7 +24,8 @@ from perception.i2v_rl.grpo import (
     grpo_loss,
     pairwise_log_ratio,
 )
-from perception.i2v_rl.policy import I2VPolicy, gaussian_logprob
+from perception.i2v_rl.modeling_tagrpo import I2VPolicy, gaussian_logprob
+from perception.i2v_rl.modeling_tagrpo import tiny_config as tiny_policy_config
 from perception.i2v_rl.rewards import CompositeReward
 from perception.i2v_rl.task import ConditioningSet, GRPORunner
 from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
@@ -466,7 +466,7 @@ def test_ship_policy_references_the_sibling_base_relatively(tmp_path):
     import shutil
 
     from core.pretrained import read_card, read_config
-    from perception.i2v_rl.policy import ship_policy
+    from perception.i2v_rl.modeling_tagrpo import ship_policy
 
     assets = tmp_path / "assets"
     base = tiny_backbone().save_pretrained(assets / "flex")
@@ -742,7 +742,7 @@ def test_a_users_wan_pipeline_folder_is_a_base_from_outside_the_repository(tmp_p
     from core.checkpoint import load_weights
     from core.pretrained import load_pretrained, read_config
     from perception.i2v_rl import task
-    from perception.i2v_rl.policy import is_wan_folder
+    from perception.i2v_rl.modeling_tagrpo import is_wan_folder
 
     wan = _wan_pipeline(tmp_path / "Wan2.1-tiny-Diffusers")
     assert is_wan_folder(wan) and is_wan_folder(wan / "transformer") and not is_wan_folder(wan / "vae")
@@ -851,7 +851,7 @@ def test_infer_i2v_continues_the_scene_it_is_given(tmp_path):
     from core.resources import asset
     from perception.i2v_rl.cli import infer
     from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
-    from perception.i2v_rl.policy import I2VPolicy
+    from perception.i2v_rl.modeling_tagrpo import I2VPolicy
     from sim.render.videos import make_dataset
 
     base = asset("checkpoints", "flexforcing")

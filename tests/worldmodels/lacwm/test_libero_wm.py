@@ -230,7 +230,8 @@ def test_subgoal_tracks_the_expert_path_forward_only_and_scores_against_the_fram
 
 def test_bc_action_chunk_is_the_whole_prediction_and_leaves_the_queue_alone():
     from worldmodels.bc.configuration_bc import BCConfig
-    from worldmodels.bc.modeling_bc import BCPolicy, BCPolicyModel
+    from worldmodels.bc.modeling_bc import BCPolicyModel
+    from worldmodels.bc.pipeline_bc import BCPolicy
 
     torch.manual_seed(0)
     cfg = BCConfig(channels=[8], num_keypoints=4, hidden_dim=16, horizon=6, n_action_steps=2, image_size=16,

@@ -41,7 +41,7 @@ from perception.i2v_rl.configuration_tagrpo import TAGRPOModelConfig
 if TYPE_CHECKING:
     from core.testing import ModelExample
 
-__all__ = ["I2VPolicy", "Trajectory", "build_backbone", "gaussian_logprob", "is_wan_folder"]
+__all__ = ["I2VPolicy", "Trajectory", "build_backbone", "gaussian_logprob", "is_wan_folder", "tiny_config"]
 
 
 def is_wan_folder(path: str | Path) -> bool:
@@ -347,6 +347,16 @@ class I2VPolicy(PreTrainedModel):
         for i in range(self.steps):
             x = euler_step(x, self.velocity(first, x, self.grid[i]), self.grid[i], self.grid[i + 1])
         return x
+
+
+def tiny_config(**overrides: Any) -> TAGRPOModelConfig:
+    """The tests' policy: a short sampling grid around ``base_path``, which the tests set to a tiny Flex-Forcing
+    folder (one saved from ``perception.video.modeling_flexforcing.tiny_config()``, as the contract example's in
+    ``example``); ``overrides`` replace fields. TAGRPO has no model YAML of its own to keep equal: a tiny run
+    composes ``model.base_path`` with a tiny base."""
+    kw: dict[str, Any] = dict(sample_steps=4)
+    kw.update(overrides)
+    return TAGRPOModelConfig(**kw)
 
 
 def example(workdir: Path) -> ModelExample:
