@@ -27,17 +27,13 @@ TINY = {
 }
 
 
-def _params():
-    return [pytest.param(name, id=name) for name in sorted(TINY)]
-
-
 def test_every_tiny_yaml_has_a_tiny_config():
     files = sorted(p.stem for p in Path(default_config_dir(), "model").glob("*_tiny.yaml"))
     assert files == sorted(TINY), f"configs/model/*_tiny.yaml without a tiny_config() here: " \
                                   f"{sorted(set(files) - set(TINY))}; listed without a file: {sorted(set(TINY) - set(files))}"
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", sorted(TINY))
 def test_tiny_yaml_equals_tiny_config(name):
     target, args = TINY[name]
     from_yaml = to_object(compose([f"model={name}"]).model)
