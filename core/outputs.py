@@ -245,11 +245,13 @@ def output_file(path: str | Path, suffix: str, overwrite: bool = False) -> Path:
     """
     from core.errors import ConfigError
 
-    path = Path(path)
+    typed, path = str(path), Path(path)
+    if path.is_dir() or typed.endswith(("/", os.sep)):
+        raise ConfigError(f"--out: {typed} is a folder; this command writes one {suffix} file, "
+                          f"e.g. --out {path / ('video' + suffix)}")
     if path.suffix.lower() != suffix.lower():
-        raise ConfigError(f"--out: expected a {suffix} file, got {path}")
-    if path.is_dir():
-        raise ConfigError(f"--out: {path} is a folder, expected a {suffix} file")
+        raise ConfigError(f"--out: this command writes one {suffix} file; got {typed}, "
+                          f"e.g. --out {path.with_suffix(suffix)}")
     if path.exists() and not overwrite:
         raise ConfigError(f"--out: {path} exists; pass --overwrite to replace it")
     return path

@@ -55,20 +55,22 @@ def _add_infer(sub) -> None:
         for name, kw in arguments:
             k.add_argument(name, **kw)
         out_kw = next((kw for name, kw in arguments if name == "--out"), None)
+        # --out is a FILE.mp4 (the command writes one file atomically, core.outputs.output_file) or a folder
+        # (claimed and staged here): the kind's declaration decides, never the value the user typed.
+        out_file = out_kw is not None and "." in str(out_kw.get("metavar", ""))
         if out_kw is not None:
-            what = "file" if "." in str(out_kw.get("metavar", "")) else "folder"  # FILE.mp4 vs DIR
             k.add_argument("--overwrite", action="store_true",
-                           help=f"replace an existing --out {what} (on success)")
+                           help=f"replace an existing --out {'file' if out_file else 'folder'} (on success)")
         rest = next((n for n, kw in arguments if not n.startswith("-") and kw.get("nargs") in ("+", "*")),
                     None)
-        k.set_defaults(func=_cmd_infer, rest_dest=rest)
+        k.set_defaults(func=_cmd_infer, rest_dest=rest, out_is_file=out_file)
 
 
 def _cmd_infer(args) -> int:
     from core.registry import INFER
 
     fn = INFER.get(args.kind)
-    if getattr(args, "out", None) is None or str(args.out).endswith(".mp4"):
+    if getattr(args, "out", None) is None or getattr(args, "out_is_file", False):
         return fn(args)
     from core.outputs import claim_output, flush_announced
 

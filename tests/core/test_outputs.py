@@ -173,8 +173,10 @@ def test_output_file_checks_suffix_existence_and_folders(tmp_path):
     from core.outputs import output_file
 
     assert output_file(tmp_path / "a.MP4", ".mp4") == tmp_path / "a.MP4"
-    with pytest.raises(ConfigError, match="expected a .mp4 file"):
+    with pytest.raises(ConfigError, match=r"writes one \.mp4 file; got .*a\.gif, e\.g\. --out .*a\.mp4"):
         output_file(tmp_path / "a.gif", ".mp4")
+    with pytest.raises(ConfigError, match=r"new/ is a folder; this command writes one \.mp4 file"):
+        output_file(f"{tmp_path}/new/", ".mp4")  # a folder path that does not exist yet
     (tmp_path / "b.mp4").write_bytes(b"x")
     with pytest.raises(ConfigError, match="exists; pass --overwrite"):
         output_file(tmp_path / "b.mp4", ".mp4")
@@ -182,3 +184,31 @@ def test_output_file_checks_suffix_existence_and_folders(tmp_path):
     (tmp_path / "c.mp4").mkdir()
     with pytest.raises(ConfigError, match="is a folder"):
         output_file(tmp_path / "c.mp4", ".mp4", overwrite=True)
+
+
+@pytest.mark.parametrize("kind", ["video", "i2v"])
+@pytest.mark.parametrize("out", ["notes.txt", "out/", "out/newvid.txt"])
+def test_infer_file_commands_judge_out_by_their_declaration_not_its_value(tmp_path, monkeypatch, capsys, kind,
+                                                                          out):
+    """`infer video|i2v` take --out FILE.mp4: a .txt file, a folder or a .txt name gets output_file's one line
+    (and nothing is staged next to it), not the folder policy's "needs a folder path" / hidden .partial- names."""
+    from embodied.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "earlier.mp4").write_bytes(b"x")
+    image = tmp_path / "in.png"
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+    argv = ["infer", kind, "--out", out] + ([str(image)] if kind == "i2v" else [])
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this command writes one .mp4 file" in err[0] and "partial" not in err[0], err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png", "notes.txt", "out"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["earlier.mp4"]
