@@ -7,14 +7,17 @@ videos of the first K episodes with the policy's overlay) and scores each with `
 progress, comfort). Episode ``j`` of every scenario uses seed ``seed + j`` for every policy, so the rows of
 different policies are paired.
 
-Policies (``--policy``):
-    ``idm``       the privileged IDM + MOBIL expert (``sim.driving.expert.ExpertPolicy``, no noise);
+Policies (``--policy``, resolved by ``sim.policies.resolve_policy``, the one resolver of every closed loop):
+    ``idm`` / ``expert``  the privileged IDM + MOBIL expert (``sim.driving.expert.ExpertPolicy``, no noise);
     ``constant``  keep lane at constant speed (``LaneKeepingPolicy``);  ``random``  uniform random actions;
     NAME          any entry of ``core.registry.POLICIES`` registered by a method (e.g. ``automot``,
                   ``noreason``), built as ``factory(env, **policy_args)``;
     CKPT          a checkpoint folder: its ``config.json`` names the method, whose ``POLICIES`` factory is
                   called as ``core.checkpoint.load_policy`` calls it, ``factory(env, checkpoint=CKPT,
                   **policy_args)``. (``--policy automot --policy-arg checkpoint=CKPT`` is the same.)
+    ws://HOST:PORT  a policy served over openpi's protocol (``sim.remote``).
+    ``--policy-arg`` keys are checked against the factory's signature before anything runs (one line, with the
+    closest option).
 
 Policy factory contract (every ``POLICIES`` entry): ``factory(env: gymnasium.Env, checkpoint=None, **kwargs) ->
 sim.api.Policy`` (``reset(seed)``, ``act(obs, info) -> (2,) [acceleration m/s^2, steering rad]``; or a
@@ -64,7 +67,6 @@ from core.errors import ConfigError, EmbodiedError
 from core.io import write_json, write_text
 from sim.remote import latency_summary
 
-BUILTIN_POLICIES = ("idm", "constant", "random")
 ALL_SCENARIOS = ("highway", "merge", "roundabout", "intersection", "racetrack")
 
 
@@ -73,39 +75,6 @@ class PolicyBuildError(EmbodiedError):
 
 
 # ------------------------------------------------------------------------------------------- arguments
-def parse_value(text: str) -> Any:
-    """``"3"`` -> 3, ``"0.5"`` -> 0.5, ``"true"`` / ``"false"`` -> bool, ``"none"`` -> None, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_policy_args(items: Sequence[str] | None) -> dict[str, Any]:
-    """``["update_interval=2", "refiner=true"]`` -> ``{"update_interval": 2, "refiner": True}``.
-
-    Raises:
-        ConfigError: An item without ``=`` or with an empty / non-identifier key, or a repeated key.
-    """
-    out: dict[str, Any] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"--policy-arg {item!r}: expected key=value with a Python identifier as key")
-        if key in out:
-            raise ConfigError(f"--policy-arg {key}: given twice")
-        out[key] = parse_value(value)
-    return out
-
-
 def scenario_env_id(scenario: str) -> str:
     """``"highway"`` -> ``"embodied/Drive-Highway-v0"`` (checked against the registered scenarios)."""
     from sim.driving.registration import SCENARIOS
@@ -121,75 +90,6 @@ def scenario_list(scenario: str | Sequence[str]) -> list[str]:
     for name in names:
         scenario_env_id(name)
     return names
-
-
-# -------------------------------------------------------------------------------------------- policies
-def _lane_keeping(env, **kwargs):
-    from sim.driving.expert import LaneKeepingPolicy
-
-    return LaneKeepingPolicy(env.unwrapped, **kwargs)
-
-
-def _expert(env, noise: float = 0.0, **kwargs):
-    from sim.rollout import scripted_policy
-
-    return scripted_policy(env, noise=noise, **kwargs)
-
-
-def _random(env, **kwargs):
-    from sim.rollout import random_policy
-
-    return random_policy(env, **kwargs)
-
-
-
-
-def _checkpoint_policy(env, path: str, **kwargs):
-    from core.checkpoint import load_policy
-
-    return load_policy(path, env, **kwargs)
-
-
-def _known_policies() -> list[str]:
-    from core.registry import POLICIES, load_plugins
-
-    load_plugins()
-    return [*BUILTIN_POLICIES, *(n for n in POLICIES.names() if n not in BUILTIN_POLICIES)]
-
-
-def resolve_policy(policy: str | Callable, policy_args: Mapping[str, Any] | None = None, *,
-                   api_key_file: str | None = None, replan_steps: int | None = None,
-                   realtime: bool = False) -> tuple[Callable, str]:
-    """A factory ``(env) -> Policy`` and a label for ``--policy`` (see the module docstring).
-
-    ``ws://HOST:PORT`` is a policy served over openpi's protocol (``sim.remote.RemotePolicy``; ``api_key_file``,
-    ``replan_steps`` and ``realtime`` apply to it; ``policy_args`` do not: they belong to the server).
-
-    Raises:
-        ConfigError: An unknown name (the message lists the known ones).
-    """
-    from sim.remote import is_remote, remote_factory
-
-    kwargs = dict(policy_args or {})
-    if is_remote(policy):
-        if kwargs:
-            raise ConfigError(f"--policy-arg is for a policy built here; {policy} is served elsewhere (pass them to "
-                              "`embodied serve --policy-arg`)")
-        return remote_factory(str(policy), api_key_file, replan_steps, realtime), str(policy)
-    if callable(policy):
-        return functools.partial(policy, **kwargs), getattr(policy, "__name__", type(policy).__name__)
-    builtin = {"idm": _expert, "constant": _lane_keeping, "random": _random}
-    if policy in builtin:
-        return functools.partial(builtin[policy], **kwargs), policy
-    from core.registry import POLICIES, load_plugins
-
-    load_plugins()
-    if policy in POLICIES:
-        return functools.partial(POLICIES.get(policy), **kwargs), policy
-    if Path(policy).exists():
-        return functools.partial(_checkpoint_policy, path=str(policy), **kwargs), str(policy)
-    raise ConfigError(f"--policy {policy!r}: unknown policy (known: {', '.join(_known_policies())}, "
-                      "or a checkpoint path)")
 
 
 def _reason(e: BaseException) -> str:
@@ -425,8 +325,9 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     """Run and score ``episodes`` episodes of each scenario into ``out`` (layout in the module docstring).
 
     Args:
-        policy: ``idm`` | ``constant`` | ``random`` | a ``POLICIES`` name | a checkpoint path, or a factory
-            callable ``(env, **policy_args) -> Policy``.
+        policy: ``idm`` | ``expert`` | ``constant`` | ``random`` | ``scripted`` | a ``POLICIES`` name | a checkpoint
+            path | ``ws://HOST:PORT``, or a factory callable ``(env, **policy_args) -> Policy``, resolved by
+            ``sim.policies.resolve_policy`` (the resolver ``sim rollout`` and ``libero eval`` use).
         scenario: A scenario name, ``"all"``, or a list of names.
         episodes: Episodes per scenario; episode ``j`` uses seed ``seed + j``.
         out: The run folder (written directly; the CLI claims it first with ``claim_output``).
@@ -452,13 +353,12 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     names = scenario_list(scenario)
     sim.register_envs()
     policy_args = dict(policy_args or {})
-    factory, label = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
-                                    realtime=realtime)
-    from sim.remote import is_remote, realtime_factory
+    from sim.policies import resolve_policy
 
-    if realtime and not is_remote(policy):
-        factory = realtime_factory(factory, replan_steps)
-    elif not is_remote(policy):
+    resolved = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
+                              realtime=realtime)
+    factory, label = resolved.factory, resolved.label
+    if not realtime and resolved.kind != "remote":
         factory = functools.partial(_probed, factory=factory)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -499,6 +399,7 @@ def drive_eval(args) -> int:
 
     prepare_process()
     from core.outputs import claim_output
+    from sim.policies import parse_policy_args, resolve_policy
 
     policy_args = parse_policy_args(getattr(args, "policy_arg", None))
     names = scenario_list(args.scenario)  # bad input fails before the folder is claimed

@@ -116,10 +116,13 @@ def _add_drive(sub) -> None:
                                  "in which the policy raises or returns a NaN / wrong-shape action is scored "
                                  "as failed (0) and the run goes on.")
     e.add_argument("--policy", required=True,
-                   help="idm | constant | random | a registered policy (e.g. automot, noreason) | CHECKPOINT | "
-                        "ws://HOST:PORT (a policy served over openpi's websocket protocol, e.g. `embodied serve`)")
+                   help="idm (= expert) | constant | random | a registered policy (e.g. automot, noreason) | "
+                        "CHECKPOINT | ws://HOST:PORT (a policy served over openpi's websocket protocol, e.g. "
+                        "`embodied serve`); the same names as `sim rollout` and `libero eval` (sim.policies)")
+    from sim.policies import add_policy_arg
     from sim.remote import add_remote_arguments
 
+    add_policy_arg(e)
     add_remote_arguments(e, _positive_int, "0.2 s")
     e.add_argument("--scenario", default="highway",
                    help="highway | merge | roundabout | intersection | racetrack | all "
@@ -128,9 +131,6 @@ def _add_drive(sub) -> None:
                    help="episodes per scenario (default: %(default)s)")
     e.add_argument("--seed", type=int, default=0, help="episode j uses seed + j (default: %(default)s)")
     e.add_argument("--out", required=True, help="output folder (refused if it holds another run)")
-    e.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", dest="policy_arg",
-                   help="keyword argument of the policy factory (repeatable; int / float / true|false / "
-                        "str), e.g. --policy-arg update_interval=2 --policy-arg refiner=true")
     e.add_argument("--videos", type=_non_negative_int, default=2, metavar="K",
                    help="record videos of the first K episodes of each scenario (default: %(default)s)")
     e.add_argument("--no-video", action="store_true", help="record no video (same as --videos 0)")

@@ -33,7 +33,6 @@ import numpy as np
 from core.errors import ConfigError
 
 PRIVILEGED = ("expert", "scripted", "idm", "constant")
-DRIVING_NAMED = ("automot", "noreason")
 DEFAULT_DRIVING_ENV = "embodied/Drive-Highway-v0"
 
 
@@ -214,35 +213,21 @@ def build_backend(policy: str, env_id: str | None = None, policy_args: Mapping[s
     if policy in PRIVILEGED:
         raise ConfigError(f"{policy!r} reads its own simulator's privileged state, so it cannot act on a remote "
                           "client's observations; serve a learned policy (a checkpoint folder, automot, random)")
-    path = Path(policy)
-    if policy == "random":
-        if env_id is None:
-            raise ConfigError("random needs --env ENV_ID (the action space it samples; `embodied sim list`)")
-        from sim.rollout import random_policy
+    from sim.policies import resolve_policy
 
-        factory, label, method, checkpoint = random_policy, "random", None, None
-    elif policy in DRIVING_NAMED or (not path.exists() and "/" not in policy and not policy.startswith(".")):
-        from driving.evaluate import resolve_policy
-
+    if policy == "random" and env_id is None:
+        raise ConfigError("random needs --env ENV_ID (the action space it samples; `embodied sim list`)")
+    resolved = resolve_policy(policy, kwargs)  # the resolver every closed loop uses; unknown names: one line
+    factory, label, method, checkpoint = resolved.factory, resolved.label, None, None
+    if resolved.kind == "registered":  # a method's named policy (automot, noreason): driving's
         env_id = env_id or DEFAULT_DRIVING_ENV
-        factory, label = resolve_policy(policy, kwargs)
         method, checkpoint = policy, kwargs.get("checkpoint")
-    elif path.exists():
-        from sim.libero.evaluate import resolve_policy as libero_resolve
-
-        ckpt, cfg = _checkpoint(path)
+    elif resolved.kind == "checkpoint":
+        ckpt, cfg = _checkpoint(Path(policy))
         env_id = env_id or (cfg.get("env") or {}).get("id")
         if env_id is None:
             raise ConfigError(f"{policy}: its config names no env; pass --env ENV_ID")
-        if env_id.startswith("embodied/Drive-"):
-            from driving.evaluate import resolve_policy
-
-            factory, label = resolve_policy(str(path), kwargs)
-        else:
-            factory, label, _ = libero_resolve(str(path))
         method, checkpoint = cfg.get("method"), str(ckpt.resolve())
-    else:
-        raise ConfigError(f"{policy!r}: neither a checkpoint folder nor a policy name (automot, noreason, random)")
 
     family = "libero" if "/Libero-" in env_id else "driving" if "/Drive-" in env_id else "manipulation"
     template = _make_env(env_id, **({"images": True, "wrist_image": True} if family == "libero" else {}))
@@ -315,15 +300,16 @@ def configure_parser(p: Any, positive_int: Any, non_negative_int: Any) -> None:
                    help="requests of concurrent clients answered by one forward, at most (default: %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="T",
                    help="how long the first request of a batch waits for others (default: %(default)s ms)")
-    p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE", dest="policy_arg",
-                   help="keyword argument of the policy factory (repeatable), e.g. update_interval=1")
+    from sim.policies import add_policy_arg
+
+    add_policy_arg(p)
 
 
 def serve_command(args: Any) -> int:
     """``embodied serve``: build the backend, bind, print where it listens, serve until SIGTERM / Ctrl-C."""
     from core.bootstrap import prepare_process
     from core.serving import PolicyServer, read_api_key
-    from driving.evaluate import parse_policy_args
+    from sim.policies import parse_policy_args
 
     if args.max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")

@@ -30,10 +30,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("env_id", metavar="ENV_ID", help="e.g. embodied/Lift-Panda-v0 (see `embodied sim list`)")
     p.add_argument("--policy", default="scripted",
-                   help="scripted | random | path to a checkpoint | ws://HOST:PORT (a policy served over openpi's "
-                        "websocket protocol, e.g. by `embodied serve`)")
+                   help="expert (the env's task-solving expert; LIBERO: its solver) | scripted | random | idm | "
+                        "constant (driving) | a registered policy (e.g. automot) | CHECKPOINT | ws://HOST:PORT (a "
+                        "policy served over openpi's websocket protocol, e.g. by `embodied serve`); the same names "
+                        "as `libero eval` and `drive eval` (sim.policies)")
+    from sim.policies import add_policy_arg
     from sim.remote import add_remote_arguments
 
+    add_policy_arg(p)
     add_remote_arguments(p, int, "the env's")
     p.add_argument("--episodes", type=int, default=10, help="number of episodes")
     p.add_argument("--out", type=Path, required=True, help="output folder")
@@ -156,13 +160,17 @@ def _describe(family: str, env_id: str) -> tuple[str, str, str]:
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Roll out and record; prints the success-rate summary."""
     from core.bootstrap import prepare_process
+    from sim.policies import STATE_POLICIES, parse_policy_args, resolve_policy
     from sim.recorder import record_rollout
     from sim.rollout import RolloutConfig
 
-    # a learned policy runs a model in the process that renders: torch + triton first (core.bootstrap)
-    prepare_process(learning_stack=args.policy not in ("scripted", "random"))
     if args.replan_steps is not None and args.replan_steps < 1:
         raise ConfigError(f"--replan-steps: must be >= 1, got {args.replan_steps}")
+    policy_args = parse_policy_args(args.policy_arg)
+    # an unknown name, a missing checkpoint or a wrong --policy-arg: one line now, before any env or model loads
+    resolve_policy(args.policy, policy_args, api_key_file=args.api_key_file, replan_steps=args.replan_steps)
+    # a learned policy runs a model in the process that renders: torch + triton first (core.bootstrap)
+    prepare_process(learning_stack=args.policy not in STATE_POLICIES)
     env_kwargs = {}
     if args.image_size is not None:
         if args.image_size < 0:
@@ -184,6 +192,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         num_envs=args.num_envs,
         seed=args.seed,
         policy=args.policy,
+        policy_args=policy_args,
         noise=args.noise,
         vectorization=args.vectorization,
         env_kwargs=env_kwargs,

@@ -29,7 +29,6 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -43,7 +42,6 @@ from sim.api import (
     BatchedPolicy,
     Policy,
     PolicySpec,
-    RandomPolicy,
     is_batched,
     policy_expects,
 )
@@ -60,8 +58,10 @@ class RolloutConfig:
         episodes: Number of complete episodes to collect (>= 1).
         num_envs: Number of sub-environments stepped together (>= 1).
         seed: Episode ``j`` uses seed ``seed + j`` for the env and its policy.
-        policy: ``"scripted"`` (the env's expert), ``"random"``, or a checkpoint path (loaded with
-            ``core.checkpoint.load_policy``).
+        policy: What ``--policy`` names, resolved by ``sim.policies.resolve_policy``: ``"expert"`` (the env's
+            task-solving expert), ``"scripted"`` (its scripted expert), ``"random"``, a registered policy name,
+            a checkpoint path (``core.checkpoint.load_policy``) or ``ws://HOST:PORT``.
+        policy_args: Options of the policy's factory (``--policy-arg key=value``; checked against its signature).
         noise: Action-noise std of the scripted expert.
         vectorization: ``"sync"`` (one process) or ``"async"`` (one worker process per sub-env).
         env_kwargs: Extra keyword arguments for ``gym.make`` (e.g. ``{"image_size": 128}``).
@@ -77,6 +77,7 @@ class RolloutConfig:
     num_envs: int = 1
     seed: int = 0
     policy: str = "scripted"
+    policy_args: dict[str, Any] = field(default_factory=dict)
     noise: float = 0.05
     vectorization: Literal["sync", "async"] = "sync"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -155,44 +156,17 @@ class RolloutResult:
 
 
 # --------------------------------------------------------------------------------------------- policies
-def scripted_policy(env: gym.Env, noise: float = 0.05) -> Policy:
-    """The env's scripted expert (``env.unwrapped.make_expert``)."""
-    make = getattr(env.unwrapped, "make_expert", None)
-    if make is None:
-        raise ConfigError(f"policy: {env.spec.id if env.spec else env} has no scripted expert (make_expert)")
-    return make(noise=noise)
+def policy_factory(policy: str, noise: float = 0.05, *, policy_args: dict[str, Any] | None = None,
+                   api_key_file: str | None = None, replan_steps: int | None = None,
+                   realtime: bool = False) -> PolicyFactory:
+    """Picklable factory for what ``--policy`` names, through the one resolver every closed loop uses
+    (``sim.policies.resolve_policy``: expert / scripted / idm / constant / random, a registered name, a checkpoint
+    path, a ``ws://`` URL); ``noise`` is the scripted expert's action noise; ``realtime`` puts any of them on the
+    simulated clock."""
+    from sim.policies import resolve_policy
 
-
-def random_policy(env: gym.Env) -> Policy:
-    """Uniform random actions (``sim.api.RandomPolicy``)."""
-    return RandomPolicy(env.action_space)
-
-
-def checkpoint_policy(env: gym.Env, path: str) -> Policy:
-    """A trained policy from a checkpoint, through ``core.checkpoint.load_policy``."""
-    from core.checkpoint import load_policy
-
-    return load_policy(path, env)
-
-
-def policy_factory(policy: str, noise: float = 0.05, *, api_key_file: str | None = None,
-                   replan_steps: int | None = None, realtime: bool = False) -> PolicyFactory:
-    """Picklable factory for a policy name (``scripted`` / ``random``), a checkpoint path or a ``ws://`` URL (a
-    policy served over openpi's protocol, ``sim.remote``); ``realtime`` puts any of them on the simulated clock."""
-    from sim.remote import is_remote, realtime_factory, remote_factory
-
-    if is_remote(policy):
-        return remote_factory(policy, api_key_file, replan_steps, realtime)
-    if policy == "scripted":
-        factory: PolicyFactory = functools.partial(scripted_policy, noise=noise)
-    elif policy == "random":
-        factory = random_policy
-    elif not Path(policy).exists():
-        raise ConfigError(f"policy: {policy!r} is neither 'scripted', 'random', an existing checkpoint path nor a "
-                          "ws://HOST:PORT policy server")
-    else:
-        factory = functools.partial(checkpoint_policy, path=str(policy))
-    return realtime_factory(factory, replan_steps) if realtime else factory
+    return resolve_policy(policy, policy_args, noise=noise, api_key_file=api_key_file, replan_steps=replan_steps,
+                          realtime=realtime).factory
 
 
 class PolicyHost(gym.Wrapper):
@@ -508,8 +482,9 @@ def rollout(
     """
     from core.logging import progress
 
-    factory = policy or policy_factory(config.policy, config.noise, api_key_file=config.api_key_file,
-                                       replan_steps=config.replan_steps, realtime=config.realtime)
+    factory = policy or policy_factory(config.policy, config.noise, policy_args=config.policy_args,
+                                       api_key_file=config.api_key_file, replan_steps=config.replan_steps,
+                                       realtime=config.realtime)
     envs = make_vector_env(config.env_id, config.num_envs, config.vectorization, config.env_kwargs)
     n, k = config.episodes, config.num_envs
     episodes: list[Episode] = []

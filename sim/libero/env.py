@@ -330,6 +330,12 @@ class LiberoEnv(gym.Env):
         if libero is not None:
             libero.close()
 
+    def make_task_expert(self, noise: float = 0.0, seed: int | None = None):
+        """The task-solving privileged expert (``sim.libero.solver.LiberoSolver``): ``--policy expert``."""
+        from sim.libero.solver import LiberoSolver
+
+        return LiberoSolver(self, noise=noise, seed=seed)
+
     def make_expert(self, noise: float = 0.0, seed: int | None = None):
         """Scripted reach-and-grasp policy for this task (``sim.libero.expert``), following ``sim.api.Policy``."""
         from sim.libero.expert import LiberoReachGraspExpert

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -84,7 +83,7 @@ from core.errors import ConfigError, DataError, EmbodiedError
 from core.io import to_jsonable, write_json, write_text
 from sim.api import INFO_FAILURE, INFO_SUCCESS, is_batched, policy_expects
 from sim.libero.suites import MAX_EPISODE_STEPS, SUITES, LiberoTask, list_tasks, normalize_suite
-from sim.remote import add_remote_arguments, is_remote, latency_summary, realtime_factory, remote_factory
+from sim.remote import add_remote_arguments, is_remote, latency_summary
 
 COMMAND = "libero eval"
 EPISODES_FILE = "episodes.jsonl"
@@ -94,7 +93,6 @@ PAGE_FILE = "index.html"
 VIDEO_DIR = "videos"
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 """The settle-step action: no arm motion, gripper open (OpenVLA's ``get_libero_dummy_action``)."""
-STATE_POLICIES = ("expert", "scripted", "random")
 """Named policies that read only the sim state (their envs run without images)."""
 DEFAULT_IMAGE_SIZE = 128
 VIDEO_FPS = 20  # LIBERO's control rate
@@ -139,62 +137,6 @@ class _Settings:
 
     def step_limit(self, suite: str) -> int:
         return int(self.max_steps) if self.max_steps is not None else MAX_EPISODE_STEPS[suite]
-
-
-# -------------------------------------------------------------------------------------------- policies
-def expert_policy(env: Any) -> Any:
-    """The task-solving expert ``sim.libero.solver.LiberoSolver(env, noise=0.0)`` (imported on use)."""
-    from sim.libero.solver import LiberoSolver
-
-    return LiberoSolver(env, noise=0.0)
-
-
-def resolve_policy(policy: str | Callable[..., Any], api_key_file: str | None = None, replan_steps: int | None = None,
-                   realtime: bool = False) -> tuple[Callable[..., Any], str, str]:
-    """``(factory(env) -> Policy, label, kind)`` for a policy name, checkpoint path, ``ws://`` URL or factory.
-
-    ``kind`` is ``"state"`` (expert / scripted / random: sim state only), ``"checkpoint"``, ``"remote"`` (a served
-    policy, ``sim.remote.RemotePolicy``: ``api_key_file``, ``replan_steps`` and ``realtime`` apply to it) or
-    ``"callable"``.
-
-    Raises:
-        ConfigError: An unknown name / missing path, or ``expert`` while ``sim.libero.solver`` is absent.
-        CheckpointError: A checkpoint that names no method registering a policy (checked before any env).
-    """
-    from sim.rollout import checkpoint_policy, random_policy, scripted_policy
-
-    if is_remote(policy):
-        return remote_factory(policy, api_key_file, replan_steps, realtime), policy, "remote"
-    if callable(policy):
-        return policy, _callable_label(policy), "callable"
-    if policy == "expert":
-        import importlib.util
-
-        if importlib.util.find_spec("sim.libero.solver") is None:
-            raise ConfigError("--policy expert: the task-solving expert (sim.libero.solver.LiberoSolver) is not in "
-                              "this workspace yet; use scripted or random")
-        return expert_policy, "expert", "state"
-    if policy == "scripted":
-        return functools.partial(scripted_policy, noise=0.0), "scripted", "state"
-    if policy == "random":
-        return random_policy, "random", "state"
-    path = Path(str(policy))
-    if not path.exists():
-        raise ConfigError(f"--policy {policy!r}: neither expert, scripted, random nor an existing checkpoint path")
-    from core.checkpoint import method_entry
-    from core.registry import POLICIES
-
-    method_entry(path, POLICIES, "policy for closed-loop rollouts")  # unreadable / policy-less: one line, now
-    resolved = str(path.resolve())
-    return functools.partial(checkpoint_policy, path=resolved), resolved, "checkpoint"
-
-
-def _callable_label(fn: Any) -> str:
-    if isinstance(fn, functools.partial):
-        args = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in sorted(fn.keywords.items())]
-        return f"{_callable_label(fn.func)}({', '.join(args)})"
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{name}"
 
 
 class _OneEnv:
@@ -883,11 +825,15 @@ def evaluate_libero(
     api_key_file: str | None = None,
     replan_steps: int | None = None,
     realtime: bool = False,
+    policy_args: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on LIBERO suites with the protocol of the module docstring; returns the eval_info.
 
     Args:
-        policy: ``"expert"`` | ``"scripted"`` | ``"random"`` | a checkpoint path | ``factory(env) -> Policy``.
+        policy: ``"expert"`` | ``"scripted"`` | ``"random"`` | a registered name | a checkpoint path |
+            ``ws://HOST:PORT`` | ``factory(env) -> Policy``, resolved by ``sim.policies.resolve_policy`` (the
+            resolver ``sim rollout`` and ``drive eval`` use).
+        policy_args: Options of the policy's factory (``--policy-arg``; checked against its signature).
         suites: A suite name (``"libero_spatial"``, ``"spatial"`` ...), a list of them, or ``"all"``.
         episodes_per_task: Episodes per task; episode ``k`` starts from init state ``k`` (at most 50).
         task_ids: Task indices to run in every suite (None: all of each suite).
@@ -922,12 +868,16 @@ def evaluate_libero(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"--seed: must be an integer, got {seed!r}")
     plan = select_episodes(suites, task_ids, episodes_per_task)
-    factory, label, kind = resolve_policy(policy, api_key_file, replan_steps, realtime)
-    if realtime and kind != "remote":
-        factory = realtime_factory(factory, replan_steps)
+    from sim.policies import resolve_policy
+
+    resolved = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
+                              realtime=realtime)
+    factory, label, kind = resolved.factory, resolved.label, resolved.kind
     env = EnvSettings(images=(kind != "state") if images is None else bool(images))
     signature = {"policy": label, "max_steps": max_steps, "settle_steps": settle_steps, "seed": seed,
                  "images": env.images}
+    if policy_args:  # absent from older folders' signatures, which stay resumable
+        signature["policy_args"] = dict(policy_args)
     if realtime or replan_steps is not None:  # absent from older folders' signatures, which stay resumable
         signature.update(realtime=bool(realtime), replan_steps=replan_steps)
     step_limits = {t.suite: (max_steps or MAX_EPISODE_STEPS[t.suite]) for t, _ in plan}
@@ -1018,8 +968,12 @@ def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negati
     p.add_argument("--tasks", default=None, metavar="IDS",
                    help="task indices in every chosen suite, e.g. 0,3 or 0-4 (default: all)")
     p.add_argument("--policy", required=True,
-                   help="expert | scripted | random | CHECKPOINT | ws://HOST:PORT (a policy served over openpi's "
-                        "protocol: `embodied serve`, openpi's serve_policy.py, ...)")
+                   help="expert | scripted | random | a registered policy | CHECKPOINT | ws://HOST:PORT (a policy "
+                        "served over openpi's protocol: `embodied serve`, openpi's serve_policy.py, ...); the same "
+                        "names as `sim rollout` and `drive eval` (sim.policies)")
+    from sim.policies import add_policy_arg
+
+    add_policy_arg(p)
     add_remote_arguments(p, positive_int, "0.05 s")
     p.add_argument("--episodes-per-task", type=positive_int, default=50, dest="episodes_per_task",
                    help="episode k starts from LIBERO's init state k; at most 50 (default: %(default)s, all)")
@@ -1040,7 +994,9 @@ def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negati
 def eval_command(args: Any) -> int:
     """``embodied libero eval``: run ``evaluate_libero`` from parsed arguments; print the table and the paths."""
     from core.bootstrap import prepare_process
+    from sim.policies import STATE_POLICIES, parse_policy_args
 
+    policy_args = parse_policy_args(args.policy_arg)
     state = args.policy in STATE_POLICIES
     prepare_process(learning_stack=not state)  # a learned policy renders and runs a model: torch + triton first
     if (args.api_key_file is not None) and not is_remote(args.policy):
@@ -1049,7 +1005,7 @@ def eval_command(args: Any) -> int:
                            task_ids=parse_task_ids(args.tasks), workers=args.workers, max_steps=args.max_steps,
                            settle_steps=args.settle_steps, videos=args.videos, out=args.out, seed=args.seed,
                            overwrite=args.overwrite, progress=True, api_key_file=args.api_key_file,
-                           replan_steps=args.replan_steps, realtime=args.realtime)
+                           replan_steps=args.replan_steps, realtime=args.realtime, policy_args=policy_args)
     print(stdout_table(info))
     out = Path(args.out)
     print(f"-> {out / INFO_FILE}, {out / PAGE_FILE}")

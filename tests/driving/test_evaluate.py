@@ -11,8 +11,9 @@ from core.checkpoint import require_checkpoint
 from core.data.trajectories import TrajectoryFile
 from core.errors import ConfigError
 from core.registry import POLICIES
-from driving.evaluate import evaluate_policy, parse_policy_args, parse_value
+from driving.evaluate import evaluate_policy
 from embodied.cli import main
+from sim.policies import parse_policy_args, parse_value
 
 
 class CrashyPolicy:
@@ -125,10 +126,11 @@ def test_policy_that_cannot_be_built_fails_the_run_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "building the policy failed: ValueError: no weights here" in err and err.count("\n") == 1
     assert not out.exists()
-    # an unknown factory keyword is a build failure too
+    # an unknown factory keyword is refused before anything runs, naming what the factory takes
     assert main(["drive", "eval", "--policy", "_test_crashy", "--policy-arg", "nonsense=1", "--out", str(out),
                  "--no-video", "--horizon-s", "1"]) == 2
-    assert "TypeError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--policy-arg nonsense: the _test_crashy policy takes no option 'nonsense'" in err and "TypeError" not in err
     assert not out.exists()
 
 
@@ -196,7 +198,8 @@ def test_cli_errors(tmp_path, capsys):
     assert "unknown scenario 'highwy'" in capsys.readouterr().err
     assert main(["drive", "eval", "--policy", "nope", "--scenario", "highway", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
-    assert "unknown policy" in err and "known: idm, constant, random" in err and "_test_crashy" in err
+    assert "neither a policy name nor an existing checkpoint" in err and "_test_crashy" in err
+    assert "names: expert, scripted, idm, constant, random" in err
     assert err.count("\n") == 1
     assert main(["drive", "eval", "--policy", "_test_ckptstyle", "--out", str(tmp_path / "c")]) == 2
     assert "pass the checkpoint folder" in capsys.readouterr().err

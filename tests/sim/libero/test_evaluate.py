@@ -86,14 +86,6 @@ def test_select_and_parse_errors():
             ev.select_episodes(*args)
     with pytest.raises(ConfigError, match="--tasks"):
         ev.parse_task_ids("a,b")
-    import importlib.util
-
-    if importlib.util.find_spec("sim.libero.solver") is None:  # the task-solving expert is not there yet
-        with pytest.raises(ConfigError, match="expert"):
-            ev.resolve_policy("expert")
-    else:
-        assert ev.resolve_policy("expert")[1:] == ("expert", "state")
-    assert ev.resolve_policy("scripted")[1:] == ("scripted", "state")
 
 
 def test_check_action_and_torn_episode_file(tmp_path):
@@ -122,7 +114,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     base = ["libero", "eval", "--policy", "random", "--out", str(tmp_path / "o")]
     cases = [(["--suite", "nope"], "unknown LIBERO suite"), (["--suite", SUITE, "--tasks", "12"], "out of range"),
              (["--suite", SUITE, "--episodes-per-task", "60"], "60 > 50"),
-             (["--suite", SUITE, "--policy", str(tmp_path / "missing")], "neither expert"),
+             (["--suite", SUITE, "--policy", str(tmp_path / "missing")], "neither a policy name"),
              (["--suite", SUITE, "--policy", str(bad_ckpt)], str(bad_ckpt))]
     for extra, match in cases:
         assert main([*base, *extra]) == 2
