@@ -260,6 +260,7 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
         ...}]}`` (video paths relative to ``out``).
     """
     from sim.driving.metrics import EpisodeTracker, aggregate
+    from sim.driving.pdm import SUBSCORES, mean_scores
     from sim.driving.registration import SCENARIOS
     from sim.recorder import EpisodeRecorder, env_metadata
     from sim.rollout import RolloutConfig, rollout
@@ -283,12 +284,14 @@ def evaluate_scenario(factory: Callable, label: str, scenario: str, episodes: in
     def on_episode(ep) -> None:
         rec.add(ep)
         record = guards[0].records.pop(ep.seed, None) if guards else None
-        tracker = EpisodeTracker(dt, finite_route=finite_route)
+        tracker = EpisodeTracker(dt, finite_route=finite_route, start_info=ep.reset_info)
         for info, truncated in zip(ep.infos, ep.truncated, strict=True):
             tracker.update(info, bool(truncated))
         m = tracker.result(failure=record.failure if record is not None else None)
         metrics.append(m)
         row = {"scenario": scenario, "episode": ep.index, "seed": ep.seed, **m.to_dict()}
+        if m.scenes:  # each NAVSIM sub-score's mean over the episode's scenes (index.html shows them)
+            row.update({f"pdm_{k}": v for k, v in mean_scores(m.scenes).items() if k in SUBSCORES})
         probe = getattr(guards[0].inner, "episode_stats", None) if guards else None
         if callable(probe):
             with contextlib.suppress(Exception):  # diagnostics never fail an episode
@@ -344,7 +347,8 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
         "scenario")}``.
     """
     import sim
-    from sim.driving.metrics import EpisodeMetrics, aggregate
+    from sim.driving.metrics import EpisodeMetrics, ability_table, aggregate
+    from sim.driving.pdm import NOT_COMPUTABLE
 
     if not isinstance(episodes, int) or episodes < 1:
         raise ConfigError(f"--episodes: must be an integer >= 1, got {episodes!r}")
@@ -377,15 +381,17 @@ def evaluate_policy(policy: str | Callable, scenario: str | Sequence[str] = "hig
     all_rows = [r for res in results.values() for r in res["episodes"]]
     overall = aggregate(EpisodeMetrics(**{k: v for k, v in r.items() if k in fields}) for r in all_rows)
     latency = latency_summary([s for r in results.values() for s in r["latency_stats"]])
+    abilities = ability_table({n: [bool(row["success"]) for row in r["episodes"]] for n, r in results.items()})
     report = {"policy": label, "policy_args": policy_args, "seed": seed, "n_episodes": episodes,
               "env_id": results[names[0]]["env_id"] if len(names) == 1 else "all",
               "scenarios": results, "aggregate": overall, "episodes": all_rows, "realtime": realtime,
-              "latency": latency}
+              "latency": latency, "abilities": abilities, "not_computable": dict(NOT_COMPUTABLE)}
     write_json(out / "summary.json", {
         "policy": label, "policy_args": policy_args, "seed": seed, "episodes": episodes,
         "scenarios": {n: {"env_id": r["env_id"], "aggregate": r["aggregate"], "latency": r["latency"],
                           "videos": [c["path"] for c in r["videos"]]} for n, r in results.items()},
-        "overall": overall, "realtime": realtime, "latency": latency,
+        "overall": overall, "realtime": realtime, "latency": latency, "abilities": abilities,
+        "not_computable": dict(NOT_COMPUTABLE),
     })
     from driving.report import write_reports
 
@@ -411,15 +417,20 @@ def drive_eval(args) -> int:
         report = evaluate_policy(args.policy, names if len(names) > 1 else names[0], args.episodes, out,
                                  seed=args.seed, video=not args.no_video, videos=args.videos,
                                  policy_args=policy_args, env_kwargs=env_kwargs, **remote)
+    if getattr(args, "json", False):  # every figure, as summary.json holds it (fractions), on stdout
+        from core.io import to_jsonable
+
+        print(json.dumps(to_jsonable(json.loads((Path(args.out) / "summary.json").read_text())), indent=1))
+        return 0
     from driving.report import stdout_table
 
     print(f"policy {report['policy']}, seeds {args.seed}..{args.seed + args.episodes - 1} "
-          f"(DS, SR, rates in %; summary.json holds them as fractions)")
+          f"(scores and rates in %; summary.json holds them as fractions; --json prints every figure)")
     print(stdout_table(report))
-    for name, res in report["scenarios"].items():
+    for name, res in report["scenarios"].items() if report.get("realtime") else ():
         lat = res.get("latency") or {}
         if lat:
-            print(f"{name}: policy latency p50 {lat['latency_ms_p50']:.1f} ms, p99 {lat['latency_ms_p99']:.1f} ms "
-                  f"over {lat['requests']} requests{', held steps ' + str(lat['held_steps']) if report.get('realtime') else ''}")
+            print(f"{name}: under simulated real time, {lat.get('held_steps', 0)} steps held the last action "
+                  f"over {lat['requests']} requests")
     print(f"-> {args.out}/index.html, {args.out}/summary.json")
     return 0

@@ -1,8 +1,9 @@
 """Reports of a closed-loop driving run: the markdown table, the self-contained HTML page and video overlays.
 
 ``write_reports(out, report)`` writes ``summary.md`` (scenario x DS, SR, collision / off-road / timeout /
-failure rates, progress, route completion, comfort, jerk, lateral acceleration, mean speed; scores and rates
-in %, see ``PERCENT``) and
+failure rates, progress, route completion, comfort, jerk, lateral acceleration, mean speed, NAVSIM's PDMS /
+EPDMS, Bench2Drive's efficiency / comfortness, policy latency; scores and rates in %, see ``PERCENT``; then
+Bench2Drive's per-ability success) and
 ``index.html`` (that table, the per-episode rows of every scenario, and ``<video>`` tags of the recorded
 episodes with paths relative to the run folder, so the folder can be moved or served as is).
 
@@ -44,14 +45,22 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("|jerk| m/s3", "mean_abs_jerk_mps3", "{:.2f}", 1),
     ("|lat acc| m/s2", "mean_abs_lat_acc_mps2", "{:.2f}", 1),
     ("speed m/s", "mean_speed_mps", "{:.1f}", 1),
+    ("PDMS %", "pdms", "{:.1f}", PERCENT),
+    ("EPDMS %", "epdms", "{:.1f}", PERCENT),
+    ("efficiency %", "efficiency", "{:.0f}", PERCENT),
+    ("comfortness %", "comfortness", "{:.0f}", PERCENT),
+    ("latency p50 ms", "latency_ms_p50", "{:.1f}", 1),
+    ("p99 ms", "latency_ms_p99", "{:.1f}", 1),
 )
-#: The columns ``embodied drive eval`` prints (the rest are in summary.md / index.html).
-STDOUT_COLUMNS = ("episodes", "DS %", "SR %", "collision %", "off-road %", "timeout %", "failed %",
-                  "route compl. %", "progress m", "speed m/s")
+#: The columns ``embodied drive eval`` prints, to set beside Bench2Drive's (DS, SR, efficiency, comfortness) and
+#: NAVSIM's (PDMS, EPDMS) tables; the rest are in summary.md / index.html, every figure in summary.json.
+STDOUT_COLUMNS = ("episodes", "DS %", "SR %", "PDMS %", "EPDMS %", "efficiency %", "comfortness %", "collision %",
+                  "route compl. %", "latency p50 ms", "p99 ms")
 EPISODE_COLUMNS: tuple[str, ...] = (
-    "episode", "seed", "driving_score", "success", "route_completion", "progress_m", "collisions_vehicle",
-    "collisions_static", "offroad_events", "timed_out", "mean_speed_mps", "max_abs_jerk_mps3",
-    "max_abs_lat_acc_mps2", "steps", "failure",
+    "episode", "seed", "driving_score", "success", "pdms", "epdms", "pdm_nc", "pdm_dac", "pdm_ddc", "pdm_ttc",
+    "pdm_ep", "pdm_c", "pdm_lk", "efficiency", "comfortness", "route_completion", "progress_m",
+    "collisions_vehicle", "collisions_static", "offroad_events", "timed_out", "mean_speed_mps",
+    "max_abs_jerk_mps3", "max_abs_lat_acc_mps2", "latency_ms_p50", "steps", "failure",
 )
 
 
@@ -66,11 +75,38 @@ def summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
     """One row of formatted cells per scenario, then ``overall`` (when there is more than one scenario)."""
     rows = []
     scenarios = report["scenarios"]
+
+    def cells(aggregate: Mapping[str, Any], latency: Mapping[str, Any] | None) -> list[str]:
+        values = {**aggregate, **(latency or {})}
+        return [_fmt(f, values[k], x) if values.get(k) is not None else "—" for _, k, f, x in SUMMARY_COLUMNS]
+
     for name, sc in scenarios.items():
-        rows.append([name] + [_fmt(f, sc["aggregate"][k], x) for _, k, f, x in SUMMARY_COLUMNS])
+        rows.append([name] + cells(sc["aggregate"], sc.get("latency")))
     if len(scenarios) > 1:
-        rows.append(["overall"] + [_fmt(f, report["aggregate"][k], x) for _, k, f, x in SUMMARY_COLUMNS])
+        rows.append(["overall"] + cells(report["aggregate"], report.get("latency")))
     return rows
+
+
+def ability_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """Bench2Drive's multi-ability table: ability, the scenarios that exercise it, episodes, success %."""
+    rows = []
+    for name, a in (report.get("abilities") or {}).items():
+        if a.get("scenarios"):
+            sr = "—" if a.get("success_rate") is None else f"{PERCENT * a['success_rate']:.0f}"
+            rows.append([name, ", ".join(a["scenarios"]), str(a.get("episodes", 0)), sr, ""])
+        else:
+            rows.append([name, "—", "0", "—", f"not expressible: {a['reason']}"])
+    return rows
+
+
+ABILITY_HEAD = ["ability (Bench2Drive)", "scenarios", "episodes", "SR %", "note"]
+
+
+def _aligned(table: Sequence[Sequence[str]], left: Sequence[int] = (0,)) -> str:
+    width = [max(len(row[j]) for row in table) for j in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) if j in left else c.rjust(w) for j, (c, w) in enumerate(zip(row, width, strict=True)))
+             .rstrip() for row in table]
+    return "\n".join([lines[0], "  ".join("-" * w for w in width), *lines[1:]])
 
 
 def stdout_table(report: Mapping[str, Any]) -> str:
@@ -78,10 +114,11 @@ def stdout_table(report: Mapping[str, Any]) -> str:
     titles = ["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS]
     keep = [0] + [i for i, t in enumerate(titles) if t in STDOUT_COLUMNS]
     table = [[titles[i] for i in keep]] + [[r[i] for i in keep] for r in summary_rows(report)]
-    width = [max(len(row[j]) for row in table) for j in range(len(keep))]
-    lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, width, strict=True)))
-             for row in table]
-    return "\n".join([lines[0], "  ".join("-" * w for w in width), *lines[1:]])
+    text = _aligned(table)
+    abilities = ability_rows(report)
+    if abilities:
+        text += "\n\n" + _aligned([ABILITY_HEAD, *abilities], left=(0, 1, 4))
+    return text
 
 
 def markdown_summary(report: Mapping[str, Any]) -> str:
@@ -100,7 +137,23 @@ def markdown_summary(report: Mapping[str, Any]) -> str:
         "|" + "|".join("---" for _ in head) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
+    lines += ["", PDM_NOTE + _not_computable(report), ""]
+    abilities = ability_rows(report)
+    if abilities:
+        lines += ["| " + " | ".join(ABILITY_HEAD) + " |", "|" + "|".join("---" for _ in ABILITY_HEAD) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in abilities]
     return "\n".join(lines) + "\n"
+
+
+PDM_NOTE = ("PDMS / EPDMS: NAVSIM v1 / v2 scores of each 4 s scene, then averaged over scenes (sim/driving/pdm.py "
+            "defines every sub-score); efficiency: the ego's speed over the surrounding traffic's (Bench2Drive); "
+            "comfortness: share of comfortable 1 s segments; latency: the policy's time per step (p50 / p99).")
+
+
+def _not_computable(report: Mapping[str, Any]) -> str:
+    items = report.get("not_computable") or {}
+    return (" Not computable here (counted 1): " + "; ".join(f"{k.upper()}: {v}" for k, v in items.items()) + "."
+            if items else "")
 
 
 def _html_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -131,13 +184,21 @@ def html_page(report: Mapping[str, Any]) -> str:
              "DS = mean(route completion x infraction penalties: vehicle 0.6, static 0.65, off-road 0.7, "
              "timeout 0.7); SR = share completed with no infraction; failed episodes score 0. DS, SR, route "
              "completion and the rates in % (summary.json: the same as fractions in [0, 1]).</p>",
-             _html_table(["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS], summary_rows(report))]
+             _html_table(["scenario"] + [c for c, _, _, _ in SUMMARY_COLUMNS], summary_rows(report)),
+             f"<p>{html.escape(PDM_NOTE + _not_computable(report))}</p>"]
+    if ability_rows(report):
+        parts.append(_html_table(ABILITY_HEAD, ability_rows(report)))
     for name, sc in report["scenarios"].items():
         parts.append(f"<h2>{html.escape(name)} <small>({html.escape(sc['env_id'])})</small></h2>")
         rows = [[_cell(r.get(c)) for c in EPISODE_COLUMNS] for r in sc["episodes"]]
         parts.append(_html_table(EPISODE_COLUMNS, rows))
         for v in sc.get("videos", []):
             cap = f"{name} episode {v['episode']} (seed {v['seed']}), DS {PERCENT * v['driving_score']:.1f} %"
+            row = next((r for r in sc["episodes"] if r.get("episode") == v["episode"]), {})
+            if row.get("pdms") is not None:
+                cap += (f", PDMS {PERCENT * row['pdms']:.1f} %, EPDMS {PERCENT * row['epdms']:.1f} % (NC "
+                        f"{row.get('pdm_nc', 1):.2f}, DAC {row.get('pdm_dac', 1):.2f}, TTC {row.get('pdm_ttc', 1):.2f}, "
+                        f"EP {row.get('pdm_ep', 1):.2f}, C {row.get('pdm_c', 1):.2f})")
             if v.get("failure"):
                 cap += f" — failed: {v['failure']}"
             parts.append(f'<figure><video src="{html.escape(v["path"])}" width="384" controls loop muted '

@@ -131,6 +131,9 @@ def _add_drive(sub) -> None:
                    help="episodes per scenario (default: %(default)s)")
     e.add_argument("--seed", type=int, default=0, help="episode j uses seed + j (default: %(default)s)")
     e.add_argument("--out", required=True, help="output folder (refused if it holds another run)")
+    e.add_argument("--json", action="store_true",
+                   help="print every figure (summary.json: scores as fractions, per scenario, abilities, latency) "
+                        "instead of the table")
     e.add_argument("--videos", type=_non_negative_int, default=2, metavar="K",
                    help="record videos of the first K episodes of each scenario (default: %(default)s)")
     e.add_argument("--no-video", action="store_true", help="record no video (same as --videos 0)")

@@ -119,6 +119,7 @@ class Episode:
         eef_delta: (T, 6) float32 end-effector motion per step (world frame: m, axis-angle rad).
         infos: Per-step info dicts (the env's, unbatched).
         failure: The simulator failure that ended the episode, or None.
+        reset_info: The info of the reset that started the episode.
     """
 
     index: int
@@ -132,6 +133,7 @@ class Episode:
     eef_delta: np.ndarray
     infos: list[dict[str, Any]]
     failure: str | None = None
+    reset_info: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -422,6 +424,7 @@ class _Buffer:
             eef_delta=eef,
             infos=self.infos,
             failure=failure,
+            reset_info=self.reset_info,
         )
 
 

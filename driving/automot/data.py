@@ -156,13 +156,13 @@ def split_seeds(seed: int, episodes: int, split: str) -> list[int]:
 
 
 class _LabellingExpert:
-    """The privileged expert (``sim.rollout.scripted_policy``, noise 0) that logs the labels it acts on.
+    """The privileged expert (``sim.policies.scripted_policy``, noise 0) that logs the labels it acts on.
 
     ``log[seed]`` gets one ``(meta_action, expert_waypoints)`` per step of the episode reset with ``seed``.
     """
 
     def __init__(self, env: Any, log: dict[int, list]):
-        from sim.rollout import scripted_policy
+        from sim.policies import scripted_policy
 
         self.expert = scripted_policy(env, noise=0.0)
         self.log = log

@@ -100,6 +100,7 @@ EGO_STATE_FIELDS = (
 PROPRIO_FIELDS = ("speed", "acceleration", "steering", "yaw_rate")
 AGENT_FIELDS = ("presence", "x", "y", "vx", "vy", "yaw", "length", "width")
 COLLISION_PENALTY_REWARD = 10.0
+NEIGHBOUR_RADIUS_M = 50.0  # [m] the surrounding traffic whose speed Bench2Drive's efficiency compares with
 OFFROAD_MARGIN = (
     1.0  # [m] beyond a lane's edge; bridges the gaps highway-env leaves between lanes at junctions
 )
@@ -356,6 +357,7 @@ class DrivingEnv(gym.Env):
         self._plan = self._planner.plan()
         obs = self._observe()
         info = self._info(np.zeros(3), crashed=False, offroad=False, success=False)
+        info.update(self._score_info(self.ego.position.copy(), crashed=False))
         return obs, info
 
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
@@ -409,6 +411,7 @@ class DrivingEnv(gym.Env):
         info = self._info(
             np.array([delta[0], delta[1], dyaw]), crashed=crashed, offroad=offroad, success=success
         )
+        info.update(self._score_info(prev_pos, crashed))
         return obs, reward, terminated, truncated, info
 
     def _fail(self, reason: str) -> tuple[dict, float, bool, bool, dict]:
@@ -423,6 +426,75 @@ class DrivingEnv(gym.Env):
             if not (np.isfinite(v.position).all() and np.isfinite(v.heading) and np.isfinite(v.speed)):
                 return False
         return True
+
+    # --------------------------------------------------------------- scores
+    def _score_info(self, prev_pos: np.ndarray, crashed: bool) -> dict[str, Any]:
+        """The per-step facts NAVSIM's and Bench2Drive's scores need (``sim.driving.pdm``, ``metrics``).
+
+        ``collision_at_fault`` (on a collision: nuPlan's fault rule), ``ttc_violation``, ``oncoming_m`` (driven
+        against the lane's direction this step), ``lane_offset_m`` / ``at_junction`` (lane keeping),
+        ``neighbour_speed_mps`` (mean speed of the vehicles within ``NEIGHBOUR_RADIUS_M``, None if none: Bench2Drive's
+        efficiency); at the first state of every ``pdm.SCENE_S`` scene (reset, then every 20 steps at 5 Hz) the
+        privileged planner's 4 s look-ahead: ``reference_progress_m``, ``reference_offroad``,
+        ``reference_oncoming_m``, ``reference_lane_violation`` (``reference_progress_m`` None on the other steps).
+        """
+        from sim.driving import pdm
+
+        ego = self.ego
+        boxes, _, objs = self._objects()
+        ego_box = np.array([*ego.position, ego.heading, ego.LENGTH, ego.WIDTH])
+        s_lane, lat = ego.lane.local_coordinates(ego.position)
+        out: dict[str, Any] = {"lane_offset_m": float(abs(lat)), "at_junction": self._at_junction(ego.position)}
+        out["oncoming_m"] = self._oncoming(prev_pos, ego.position)
+        velocities = np.array([np.asarray(getattr(o, "velocity", (0.0, 0.0)), dtype=np.float64) for o in objs]
+                              ).reshape(-1, 2)
+        out["ttc_violation"] = bool(pdm.ttc_violation(ego_box, np.asarray(ego.velocity, dtype=np.float64), boxes,
+                                                      velocities)) if len(objs) else False
+        out["collision_at_fault"] = None
+        if crashed and len(objs):
+            near = int(np.argmin(np.linalg.norm(boxes[:, :2] - ego.position, axis=1)))
+            rel = hw_to_ego(boxes[near, :2], ego.position, ego.heading)
+            _, fault = pdm.collision_fault(float(ego.speed), rel, float(lat))
+            out["collision_at_fault"] = bool(fault)
+        moving = [o for o in self.hw.road.vehicles if o is not ego
+                  and np.linalg.norm(o.position - ego.position) <= NEIGHBOUR_RADIUS_M]
+        out["neighbour_speed_mps"] = float(np.mean([o.speed for o in moving])) if moving else None
+        per = max(int(round(pdm.SCENE_S * self.policy_frequency)), 1)
+        if self.steps % per == 0 and self._planner is not None:
+            pts = self._planner.lookahead(pdm.SCENE_S)
+            out["reference_progress_m"] = float(max(self.polyline.project(pts[-1]) - self.progress, 0.0))
+            out["reference_offroad"] = bool(any(not any(lane.on_lane(p, margin=OFFROAD_MARGIN) for lane in self._lanes)
+                                                for p in pts))
+            path = np.concatenate([ego.position[None], pts])
+            out["reference_oncoming_m"] = float(sum(self._oncoming(a, b) for a, b in zip(path[:-1], path[1:])))
+            offsets = []
+            for p in pts:
+                lane = self.hw.road.network.get_lane(self.hw.road.network.get_closest_lane_index(p))
+                offsets.append(abs(lane.local_coordinates(p)[1]))
+            step = self._planner.waypoint_dt
+            out["reference_lane_violation"] = pdm.lane_keeping(
+                offsets, [self._at_junction(p) for p in pts], step) == 0.0
+        else:  # None, not NaN: infos of equal states compare equal (gymnasium's determinism check)
+            out["reference_progress_m"] = None
+        return out
+
+    def _at_junction(self, position_hw: np.ndarray) -> bool:
+        radius = self.spec_scenario.junction_radius_m
+        return bool(radius > 0 and np.linalg.norm(position_hw) <= radius)
+
+    def _oncoming(self, a: np.ndarray, b: np.ndarray) -> float:
+        """Distance from ``a`` to ``b`` driven against the direction of every lane that holds ``b`` [m]."""
+        d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+        dist = float(np.linalg.norm(d))
+        if dist < 1e-6:
+            return 0.0
+        along = []
+        for lane in self._lanes:
+            if lane.on_lane(b, margin=0.0):
+                s, _ = lane.local_coordinates(b)
+                h = lane.heading_at(s)
+                along.append(float(d @ np.array([np.cos(h), np.sin(h)])))
+        return float(-max(along)) if along and max(along) < 0 else 0.0
 
     # --------------------------------------------------------------- expert
     def expert_plan(self) -> Plan:

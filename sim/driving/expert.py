@@ -438,7 +438,8 @@ class IDMMobilPlanner:
         route = g.route
         steer_hw = pursuit_steering_hw(network, g.target_lane_index, route, e.position, e.heading, e.speed)
         action = np.clip(np.array([accel, -steer_hw]), self.low, self.high)
-        waypoints = self._rollout(float(action[0]), front, stop_gap, const_accel)
+        self._rollout_args = (float(action[0]), front, stop_gap, const_accel)
+        waypoints = self._rollout(*self._rollout_args)
         return Plan(action.astype(np.float32), waypoints, self._meta_action(float(action[0])))
 
     def _meta_action(self, accel: float) -> int:
@@ -454,10 +455,20 @@ class IDMMobilPlanner:
             return META_ACTIONS.index("accelerate")
         return META_ACTIONS.index("keep_lane")
 
+    def lookahead(self, horizon_s: float) -> np.ndarray:
+        """The last plan integrated for ``horizon_s`` seconds: (K, 2) highway-env-frame positions every
+        ``waypoint_dt`` (non-reactive, like the waypoints; changes no planner state). Call after ``plan``."""
+        if getattr(self, "_rollout_args", None) is None:
+            raise RuntimeError("IDMMobilPlanner.lookahead called before plan")
+        n = max(int(round(horizon_s / self.waypoint_dt)), 1)
+        return self._rollout(*self._rollout_args, n_waypoints=n, ego_frame=False)
+
     def _rollout(
-        self, accel0: float, front: Any, stop_gap: float | None = None, const_accel: float | None = None
+        self, accel0: float, front: Any, stop_gap: float | None = None, const_accel: float | None = None,
+        n_waypoints: int | None = None, ego_frame: bool = True,
     ) -> np.ndarray:
-        """Integrate the plan for K * waypoint_dt seconds; return ego-frame waypoints (K, 2) float32.
+        """Integrate the plan for K * waypoint_dt seconds; return ego-frame waypoints (K, 2) float32
+        (``n_waypoints``: K, default the planner's; ``ego_frame=False``: highway-env-frame float64 positions).
 
         Args:
             accel0: The acceleration applied now [m/s^2].
@@ -481,9 +492,10 @@ class IDMMobilPlanner:
         v0 = min(g.target_speed, lane.speed_limit) if lane.speed_limit is not None else g.target_speed
         n_sub = max(int(round(self.waypoint_dt / self.ROLLOUT_DT)), 1)
         dt = self.waypoint_dt / n_sub
-        out = np.empty((self.n_waypoints, 2))
+        n_waypoints = self.n_waypoints if n_waypoints is None else int(n_waypoints)
+        out = np.empty((n_waypoints, 2))
         accel = accel0
-        for k in range(self.n_waypoints * n_sub):
+        for k in range(n_waypoints * n_sub):
             if k > 0:
                 accel = (
                     const_accel
@@ -512,7 +524,7 @@ class IDMMobilPlanner:
                     lane_index, lane = nxt, network.get_lane(nxt)
             if (k + 1) % n_sub == 0:
                 out[(k + 1) // n_sub - 1] = pos
-        return hw_to_ego(out, e.position, e.heading).astype(np.float32)
+        return hw_to_ego(out, e.position, e.heading).astype(np.float32) if ego_frame else out
 
 
 class ExpertPolicy:

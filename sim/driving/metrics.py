@@ -27,10 +27,21 @@ Per episode (``episode_metrics`` from arrays, or ``EpisodeTracker`` fed ``Drivin
     failure           None, or the one-line reason the episode failed (the policy raised or returned a
                       NaN / inf / wrong-shape action, or the simulator diverged). A failed episode scores 0.
 
+NAVSIM and Bench2Drive's further scores (per episode):
+    pdms / epdms      NAVSIM v1's PDM score and v2's extended score, the mean over the episode's 4 s scenes
+                      (``sim.driving.pdm``, which defines every sub-score); ``scenes`` holds each scene's
+                      sub-scores, so a scenario's score is the mean over all its scenes (per scene, then averaged).
+    efficiency        Bench2Drive's efficiency: the ego's speed over the mean speed of the vehicles within 50 m
+                      (``info["neighbour_speed_mps"]``, None without any), averaged over 1 s checkpoints where such
+                      traffic moves (> ``EFFICIENCY_MIN_SPEED``); NaN when it never does. Above 1: faster than the traffic.
+    comfortness       Bench2Drive's comfortness: the share of 1 s segments (Bench2Drive: 20 frames at 20 Hz) whose
+                      motion is within nuPlan's comfort bounds (``pdm.comfortable``).
+
 ``aggregate`` averages over episodes: driving_score (DS), success_rate (SR), collision_rate,
 offroad_rate, timeout_rate and failure_rate (share of episodes with at least one such event),
-comfort_rate (share of comfortable episodes), and the means of the other fields. All fractions are in
-[0, 1]; multiply by 100 for the leaderboard's percentages.
+comfort_rate (share of comfortable episodes), and the means of the other fields; pdms / epdms (and each
+NAVSIM sub-score's mean, ``pdm_<name>``) over all scenes of all episodes; efficiency (over the episodes that
+have one) and comfortness. All fractions are in [0, 1]; multiply by 100 for the leaderboard's percentages.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+EFFICIENCY_MIN_SPEED = 0.1  # [m/s] checkpoints whose surrounding traffic is slower than this are skipped
+CHECKPOINT_S = 1.0  # [s] Bench2Drive's efficiency checkpoints and comfortness segments (20 frames at 20 Hz)
 PENALTIES: dict[str, float] = {"collision_vehicle": 0.6, "collision_static": 0.65, "offroad": 0.7, "timeout": 0.7}
 # nuPlan's ego-comfort bounds (``ego_is_comfortable``): |lon. jerk| m/s^3, |lat. acceleration| m/s^2, |yaw rate| rad/s
 COMFORT_LIMITS: dict[str, float] = {"jerk_mps3": 4.13, "lat_acc_mps2": 4.89, "yaw_rate_rps": 0.95}
@@ -69,6 +82,11 @@ class EpisodeMetrics:
     max_abs_yaw_rate_rps: float = 0.0
     comfortable: bool = True
     failure: str | None = None
+    pdms: float = float("nan")
+    epdms: float = float("nan")
+    efficiency: float = float("nan")
+    comfortness: float = float("nan")
+    scenes: tuple = ()
 
     @property
     def collisions(self) -> int:
@@ -188,9 +206,12 @@ class EpisodeTracker:
     ``tracker.result()``. An ``info["failure"]`` (simulator failure) marks the episode failed.
     """
 
-    def __init__(self, dt: float, finite_route: bool = False):
+    def __init__(self, dt: float, finite_route: bool = False, start_info: Mapping[str, Any] | None = None):
         self.dt = float(dt)
         self.finite_route = bool(finite_route)
+        self.start_info = start_info  # the reset info: the first NAVSIM scene starts there
+        self.infos: list[Mapping[str, Any]] = []
+        self.failure_step: int | None = None
         self.speeds: list[float] = []
         self.yaw_rates: list[float] = []
         self.progress = 0.0
@@ -225,10 +246,14 @@ class EpisodeTracker:
         self.truncated = bool(truncated)
         if info.get("failure") and self.failure is None:
             self.failure = f"simulator failure: {info['failure']}"
+            self.failure_step = len(self.infos)
+        self.infos.append(info)
 
     def result(self, failure: str | None = None) -> EpisodeMetrics:
         """The episode's metrics so far; ``failure`` (e.g. the policy's error) overrides a simulator failure."""
-        return episode_metrics(
+        import dataclasses
+
+        m = episode_metrics(
             self.speeds,
             self.progress,
             self.route_length,
@@ -241,6 +266,46 @@ class EpisodeTracker:
             yaw_rates=self.yaw_rates,
             failure=failure if failure is not None else self.failure,
         )
+        if not self.infos:
+            return m
+        from sim.driving import pdm
+
+        fail_at = self.failure_step if self.failure_step is not None else (
+            len(self.infos) - 1 if failure is not None else None)
+        start = self.start_info if self.start_info is not None else self.infos[0]
+        scenes = pdm.episode_scenes(self.infos, start, self.dt,
+                                    self.route_length if self.finite_route else None, failure_step=fail_at)
+        means = pdm.mean_scores(scenes)
+        return dataclasses.replace(
+            m, pdms=means["pdms"], epdms=means["epdms"], scenes=tuple(scenes),
+            efficiency=efficiency(self.speeds, [_nan(i.get("neighbour_speed_mps")) for i in self.infos], self.dt),
+            comfortness=comfortness([float(start["speed"]), *self.speeds],
+                                    [pdm.yaw_rate(start, self.dt), *self.yaw_rates], self.dt))
+
+
+def _nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def efficiency(speeds: Sequence[float], neighbour_speeds: Sequence[float], dt: float) -> float:
+    """Bench2Drive's efficiency: mean over ``CHECKPOINT_S`` checkpoints of ego speed / surrounding traffic's speed."""
+    every = max(int(round(CHECKPOINT_S / dt)), 1)
+    ratios = [float(speeds[k]) / float(neighbour_speeds[k]) for k in range(every - 1, len(speeds), every)
+              if np.isfinite(neighbour_speeds[k]) and neighbour_speeds[k] > EFFICIENCY_MIN_SPEED]
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+def comfortness(speeds: Sequence[float], yaw_rates: Sequence[float], dt: float) -> float:
+    """Bench2Drive's comfortness: the share of ``CHECKPOINT_S`` segments within nuPlan's comfort bounds.
+
+    ``speeds`` / ``yaw_rates``: the motion from the first state on (the reset state, then every step).
+    """
+    from sim.driving.pdm import comfortable
+
+    every = max(int(round(CHECKPOINT_S / dt)), 1)
+    segments = [(speeds[k:k + every + 1], yaw_rates[k:k + every + 1]) for k in range(0, len(speeds) - 1, every)]
+    segments = [(v, w) for v, w in segments if len(v) >= 2]
+    return float(np.mean([comfortable(v, w, dt) for v, w in segments])) if segments else 1.0
 
 
 def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
@@ -276,4 +341,52 @@ def aggregate(episodes: Iterable[EpisodeMetrics]) -> dict[str, float]:
         "mean_abs_jerk_mps3": mean(e.mean_abs_jerk_mps3 for e in eps),
         "max_abs_jerk_mps3": mean(e.max_abs_jerk_mps3 for e in eps),
         "mean_abs_lat_acc_mps2": mean(e.mean_abs_lat_acc_mps2 for e in eps),
+        **navsim_aggregate(eps),
+        "efficiency": nanmean(e.efficiency for e in eps),
+        "comfortness": nanmean(e.comfortness for e in eps),
     }
+
+
+def nanmean(values: Iterable[float]) -> float:
+    """Mean of the finite values (NaN when none)."""
+    v = [float(x) for x in values if np.isfinite(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def navsim_aggregate(eps: Sequence[EpisodeMetrics]) -> dict[str, float]:
+    """``pdms``, ``epdms`` and ``pdm_<sub-score>`` over every scene of ``eps`` (per scene, then averaged)."""
+    from sim.driving.pdm import mean_scores
+
+    scenes = [s for e in eps for s in e.scenes]
+    if not scenes:
+        return {"pdms": float("nan"), "epdms": float("nan")}
+    means = mean_scores(scenes)
+    return {"pdms": means.pop("pdms"), "epdms": means.pop("epdms"),
+            **{f"pdm_{k}": v for k, v in means.items()}}
+
+
+#: Bench2Drive's five abilities and the scenarios of ours that exercise each (its success rate there is the
+#: ability's); an ability with no scenario says why our simulator cannot express it. The racetrack (curved lane
+#: following at speed) exercises none of the five.
+ABILITIES: dict[str, dict[str, Any]] = {
+    "merging": {"scenarios": ("merge",)},
+    "overtaking": {"scenarios": ("highway",)},
+    "give_way": {"scenarios": ("roundabout", "intersection")},
+    "emergency_brake": {"scenarios": (), "reason": "no scripted hazard: the traffic never brakes suddenly or cuts "
+                                                   "in ahead of the ego"},
+    "traffic_sign": {"scenarios": (), "reason": "highway-env has no traffic lights or signs"},
+}
+
+
+def ability_table(success: Mapping[str, Sequence[bool]]) -> dict[str, dict[str, Any]]:
+    """Per ability: ``{"scenarios", "episodes", "success_rate"}`` from ``{scenario: [success per episode]}``
+    (only the scenarios that were run; ``success_rate`` None when none was), or ``{"scenarios": (), "reason"}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in ABILITIES.items():
+        if not spec["scenarios"]:
+            out[name] = {"scenarios": [], "reason": spec["reason"]}
+            continue
+        runs = [bool(x) for sc in spec["scenarios"] for x in success.get(sc, ())]
+        out[name] = {"scenarios": list(spec["scenarios"]), "episodes": len(runs),
+                     "success_rate": float(np.mean(runs)) if runs else None}
+    return out

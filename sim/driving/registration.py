@@ -31,6 +31,8 @@ class ScenarioSpec:
         instruction: The navigation instruction, ``metadata["language_instruction"]``.
         yield_roads: On the route's first ``yield_roads`` roads (the approach) the expert applies gap
             acceptance before entering (intersection: priority rules; roundabout: circulating traffic).
+        junction_radius_m: The junction is the disc of this radius around highway-env's origin (its centre in
+            the intersection and roundabout maps); 0: no junction. NAVSIM's lane keeping is off inside it.
     """
 
     name: str
@@ -43,6 +45,7 @@ class ScenarioSpec:
     nominal_speed: float = 0.0
     instruction: str = ""
     yield_roads: int = 0
+    junction_radius_m: float = 0.0
 
     @property
     def env_id(self) -> str:
@@ -92,6 +95,7 @@ SCENARIOS: dict[str, ScenarioSpec] = {
             goal_s=20.0,
             instruction="Enter the roundabout, go straight through it and take the north exit.",
             yield_roads=2,
+            junction_radius_m=40.0,  # the ring (radius 20-24 m) and its entry / exit curves
         ),
         # Four-way intersection, ego from the south to exit "o1"; arrival is highway-env's own test
         # (25 m down the exit lane).
@@ -105,6 +109,7 @@ SCENARIOS: dict[str, ScenarioSpec] = {
             goal_s=25.0,
             instruction="Cross the intersection, yield to traffic with priority, and take the exit.",
             yield_roads=1,
+            junction_radius_m=20.0,  # the crossing area and its turning curves
         ),
         # Two-lane closed circuit with one slower car ahead, speed limit 10 m/s.
         ScenarioSpec(

@@ -222,7 +222,9 @@ def test_drive_eval_against_served_automot_equals_in_process_and_sigterm_exits_0
             r = subprocess.run([*EMBODIED, *common, "--policy", policy, "--out", str(tmp_path / out)],
                                capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, r.stderr[-2000:]
-            assert "policy latency p50" in r.stdout
+            head = next(line for line in r.stdout.splitlines() if line.startswith("scenario"))
+            lat = next(line for line in r.stdout.splitlines() if line.startswith("highway")).split()
+            assert head.split()[-4:] == ["latency", "p50", "ms", "p99"] and float(lat[-2]) > 0  # latency beside DS
         rows = {out: [json.loads(x) for x in (tmp_path / out / "highway" / "episodes.jsonl").read_text().splitlines()]
                 for out in ("served", "local")}
         for a, b in zip(rows["served"], rows["local"], strict=True):
