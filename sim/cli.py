@@ -78,12 +78,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                     "LeRobot v3 dataset folder that lerobot's LeRobotDataset and `embodied train` read.",
     )
     p.add_argument("inputs", nargs="+", type=Path, metavar="IN.hdf5",
-                   help="trajectory files or folders of them, e.g. a `sim rollout` output (read-only)")
+                   help="trajectory files or folders of them (read-only): a folder stands for every .hdf5 file "
+                        "under it, sub-folders included (a `sim rollout`, `libero record` or `drive eval` output)")
     p.add_argument("--out", type=Path, required=True, help="output dataset folder")
     p.add_argument("--fps", type=int, default=20, help="recording frame rate (timestamps, video rate)")
     p.add_argument("--state-keys", default=None,
                    help="comma-separated low-dim obs keys concatenated into observation.state "
-                        "(default: proprio, else every low-dim key)")
+                        "(default: proprio, else every (T,) / (T, D) low-dim key)")
+    p.add_argument("--drop-keys", default=None,
+                   help="comma-separated obs keys left out of the dataset (meta/info.json `obs_keys` lists the "
+                        "kept and dropped ones); multi-axis keys such as a driving recording's agents (T, 8, 8) "
+                        "are exported as fixed-shape features otherwise")
     p.add_argument("--crf", type=int, default=None, help="H.264 constant rate factor (default 18; 0 with "
                                                           "--lossless)")
     p.add_argument("--lossless", action="store_true", help="lossless RGB H.264 (libx264rgb, rgb24, crf 0)")
@@ -253,6 +258,7 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
 
 def cmd_export_lerobot(args: argparse.Namespace) -> int:
     """Export HDF5 trajectories to a LeRobot v3 folder (``core.data.lerobot.export_lerobot``)."""
+    from core.data.hdf5 import trajectory_files
     from core.data.lerobot import VideoOptions, check_not_input, export_lerobot
     from core.outputs import claim_output
 
@@ -266,10 +272,18 @@ def cmd_export_lerobot(args: argparse.Namespace) -> int:
     if args.crf is not None:
         video = VideoOptions(video.vcodec, video.pix_fmt, args.crf, video.gop)
     state_keys = [k for k in args.state_keys.split(",") if k] if args.state_keys else None
+    drop_keys = [k for k in args.drop_keys.split(",") if k] if args.drop_keys else []
     check_not_input(args.inputs, args.out)
+    files = []
+    for path in args.inputs:
+        found = trajectory_files(path)
+        if path.is_dir():
+            print(f"{path}: {len(found)} .hdf5 file(s) found (sub-folders included)")
+        files.extend(found)
     with claim_output(args.out, command="sim export-lerobot", overwrite=args.overwrite) as out:
-        s = export_lerobot(args.inputs, out, fps=args.fps, state_keys=state_keys, video=video,
+        s = export_lerobot(files, out, fps=args.fps, state_keys=state_keys, drop_keys=drop_keys, video=video,
                            episodes_per_file=args.episodes_per_file, in_place=True)
     print(f"LeRobot v3: {s['episodes']} episodes, {s['frames']} frames at {s['fps']} fps, {len(s['tasks'])} task(s), "
-          f"video {video.vcodec}/{video.pix_fmt} crf {video.crf} -> {args.out}")
+          f"video {video.vcodec}/{video.pix_fmt} crf {video.crf}"
+          f"{', obs keys left out: ' + ','.join(drop_keys) if drop_keys else ''} -> {args.out}")
     return 0

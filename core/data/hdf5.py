@@ -21,7 +21,7 @@ import numpy as np
 from core.data.image_convention import LIBERO_CONVENTION, check, flips
 from core.errors import ConfigError, DataError
 
-__all__ = ["TrajectoryFile", "demo_index", "is_image_key", "is_libero"]
+__all__ = ["TrajectoryFile", "demo_index", "is_image_key", "is_libero", "trajectory_files"]
 
 _DEMO_RE = re.compile(r"^demo_(\d+)$")
 
@@ -81,6 +81,29 @@ def is_libero(file_attrs: Mapping[str, Any], env_meta: Mapping[str, Any]) -> boo
         return True
     name = str(env_meta.get("env_name") or file_attrs.get("env_name") or "").lower()
     return name.startswith(("libero_", "embodied/libero-"))
+
+
+def trajectory_files(path: str | os.PathLike) -> list[Path]:
+    """``path`` itself if it is a file, else every ``*.hdf5`` file under the folder ``path``, at any depth.
+
+    A recording command's output keeps its files in sub-folders (``embodied libero record``:
+    ``<out>/<suite>/<task>_demo.hdf5``; ``embodied drive eval``: ``<out>/<scenario>/<env>.hdf5``). Files and
+    folders whose name starts with ``.`` (a command's hidden staging area) are skipped. Sorted by their path
+    relative to ``path``, so that the order does not depend on the file system.
+
+    Raises:
+        DataError: ``path`` does not exist, or is a folder without ``*.hdf5`` files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = [q for q in path.rglob("*.hdf5")
+                 if q.is_file() and not any(part.startswith(".") for part in q.relative_to(path).parts)]
+        if not found:
+            raise DataError(path, "a folder without .hdf5 trajectory files (its sub-folders searched too)")
+        return sorted(found, key=lambda q: q.relative_to(path).parts)
+    if not path.is_file():
+        raise DataError(path, "no such file")
+    return [path]
 
 
 def _open_h5(path: Path, chunk_cache_bytes: int | None = None) -> h5py.File:

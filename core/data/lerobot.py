@@ -29,9 +29,18 @@ Export (``export_lerobot``) maps an HDF5 episode (``core.data.trajectories``) to
     ``obs/<key>`` image (T, H, W, 3) uint8   -> ``observation.images.<key>`` (video; frames as the loader returns
                                                them: LIBERO's in ``rot180``, others upright; a source in another
                                                known convention is converted to the first source's)
-    ``obs/<key>`` low-dim (T, D) / (T,)      -> ``observation.<key>`` float32 (D,) / (1,)
-    ``state_keys`` (default: ``proprio`` if the episode has it, else every low-dim key in sorted order)
-                                             -> ``observation.state`` float32, those keys concatenated
+    ``obs/<key>`` low-dim (T, D) / (T,)      -> ``observation.<key>`` (D,) / (1,)
+    ``obs/<key>`` (T, D1, ..., Dk), k <= 5, any other array (a driving recording's ``agents`` (T, 8, 8),
+                                               ``route`` (T, 20, 2), channel-first ``bev`` (T, 6, H, W) uint8)
+                                             -> ``observation.<key>`` of shape (D1, ..., Dk): nested fixed-size
+                                               lists in the Parquet, which LeRobot's reader loads as the HF
+                                               ``Array2D`` .. ``Array5D`` its ``get_hf_features_from_features``
+                                               maps such shapes to; stats per last axis, as LeRobot computes them
+                                    (low-dim dtypes: floats as float32, bool and integers as they are)
+    ``drop_keys``                            -> not exported; info.json ``obs_keys`` states what was kept (obs key
+                                               -> feature) and what was dropped
+    ``state_keys`` (default: ``proprio`` if the episode has it, else every (T,) / (T, D) low-dim key in sorted
+                   order)                    -> ``observation.state`` float32, those keys concatenated
     ``actions`` (T, A)                       -> ``action`` float32 (A,)
     ``rewards`` / ``dones``                  -> ``next.reward`` float32 / ``next.done`` bool
     step t                                   -> ``frame_index`` t, ``timestamp`` t / fps (float32, s),
@@ -63,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from core.data.hdf5 import TrajectoryFile, demo_index, is_image_key, is_libero
+from core.data.hdf5 import TrajectoryFile, demo_index, is_image_key, is_libero, trajectory_files
 from core.data.image_convention import LIBERO_CONVENTION, check, convert, flips
 from core.errors import ConfigError, DataError
 from core.io import atomic_dir, write_json
@@ -101,15 +110,20 @@ def check_not_input(inputs: Iterable[str | os.PathLike], out: str | os.PathLike)
 
 # --------------------------------------------------------------------------------------------------- stats
 def _stats(x: np.ndarray, image: bool) -> dict[str, np.ndarray]:
-    """LeRobot statistics of ``x``: (N, D) per dim, or images (N, H, W, C) uint8 per channel in [0, 1] (C, 1, 1)."""
+    """LeRobot statistics of ``x`` (``count``: N, the number of frames).
+
+    Images (N, H, W, C) uint8: per channel in [0, 1], shape (C, 1, 1). (N,) / (N, D): per dim. (N, D1, ..., Dk):
+    per index of the last axis, shape (Dk,), over the frames and the other axes (the shape LeRobot's
+    ``compute_episode_stats`` gives such features).
+    """
     if image:
         n = len(x)
         keep = _sample_rows(n)
         v = x[keep].reshape(-1, x.shape[-1]).astype(np.float64) / 255.0
         count = len(keep)
     else:
-        v = x.reshape(len(x), -1).astype(np.float64)
-        count = len(v)
+        v = (x.reshape(len(x), -1) if x.ndim <= 2 else x.reshape(-1, x.shape[-1])).astype(np.float64)
+        count = len(x)
     out = {"min": v.min(0), "max": v.max(0), "mean": v.mean(0), "std": v.std(0)}
     for q, val in zip(QUANTILES, np.quantile(v, QUANTILES, axis=0), strict=True):
         out[f"q{round(q * 100):02d}"] = val
@@ -186,13 +200,19 @@ class _VideoFile:
 
 
 def _arrow_column(values: np.ndarray):
-    """A Parquet column: (N,) scalars, (N, D) -> fixed-size lists (LeRobot's ``Sequence(length=D)``)."""
+    """A Parquet column of (N, ...) ``values``, as LeRobot's reader declares the feature.
+
+    (N,) and (N, 1): scalars (``Value``); (N, D): fixed-size lists (``Sequence(length=D)``); (N, D1, ..., Dk):
+    fixed-size lists nested k deep, which ``datasets`` casts to the ``ArrayKD`` feature.
+    """
     import pyarrow as pa
 
-    if values.ndim == 1:
-        return pa.array(values)
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+    if values.ndim == 1 or values.shape[1:] == (1,):  # shape [1]: LeRobot's plain ``Value``, one scalar a row
+        return pa.array(np.ascontiguousarray(values).reshape(len(values)))
+    arr = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for d in reversed(values.shape[1:]):
+        arr = pa.FixedSizeListArray.from_arrays(arr, d)
+    return arr
 
 
 def _episode_text(attrs: dict, file_li: str | None, env_meta: dict) -> str:
@@ -202,24 +222,13 @@ def _episode_text(attrs: dict, file_li: str | None, env_meta: dict) -> str:
     return "unknown task"
 
 
-def _trajectory_files(path: Path) -> list[Path]:
-    """``path`` itself, or the ``*.hdf5`` files of a folder (e.g. an ``embodied sim rollout`` output), sorted."""
-    if path.is_dir():
-        files = sorted(path.glob("*.hdf5"))
-        if not files:
-            raise DataError(path, "a folder without .hdf5 trajectory files")
-        return files
-    if not path.is_file():
-        raise DataError(path, "no such file")
-    return [path]
-
-
 def export_lerobot(
     hdf5_paths: str | os.PathLike | Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
     *,
     fps: int = 20,
     state_keys: Sequence[str] | None = None,
+    drop_keys: Sequence[str] = (),
     video: VideoOptions | None = None,
     episodes_per_file: int | None = None,
     in_place: bool = False,
@@ -229,14 +238,16 @@ def export_lerobot(
 
     Args:
         hdf5_paths: One or more trajectory files (any of the recorders' files, LIBERO's and robomimic's), or
-            folders of them (a rollout's output folder: its ``*.hdf5`` files in name order).
+            folders of them: the ``*.hdf5`` files under a folder at any depth (``core.data.hdf5.trajectory_files``:
+            a ``sim rollout``, ``libero record`` or ``drive eval`` output), sorted by path.
             Every episode must have the obs keys and shapes of the first one (LeRobot features are fixed).
         out_dir: The dataset folder. Written into a hidden sibling and renamed onto ``out_dir`` when done
             (an existing ``out_dir`` is replaced whole); with ``in_place`` written straight into ``out_dir``,
             which must be empty (the caller stages it, as ``core.outputs.claim_output`` does).
         fps: Frame rate of the recordings (timestamps t / fps, video rate).
         state_keys: Low-dim obs keys concatenated (in this order) into ``observation.state``; default
-            ``["proprio"]`` if the episodes have it, else every low-dim key in sorted order.
+            ``["proprio"]`` if the episodes have it, else every (T,) / (T, D) low-dim key in sorted order.
+        drop_keys: Obs keys left out of the dataset (each must be an obs key of the first episode).
         video: Encoder settings (``VideoOptions()``: H.264 yuv420p CRF 18, GOP 2).
         episodes_per_file: Start a new data Parquet and MP4 file every this many episodes; None: all episodes
             share one file per kind (how LeRobot writes datasets under its 100 / 200 MB file limits).
@@ -247,8 +258,9 @@ def export_lerobot(
         Summary ``{"path", "episodes", "frames", "fps", "tasks", "features", "video"}``.
 
     Raises:
-        DataError: An input is missing or unreadable, episodes disagree on keys or shapes, or ``out_dir``
-            is an input or lies inside one.
+        DataError: An input is missing or unreadable, episodes disagree on keys or shapes, a state / drop key
+            is not an obs key, an obs key has more than 5 per-step axes, or ``out_dir`` is an input or lies
+            inside one.
     """
     paths = [Path(hdf5_paths)] if isinstance(hdf5_paths, (str, os.PathLike)) else [Path(p) for p in hdf5_paths]
     if not paths:
@@ -258,18 +270,18 @@ def export_lerobot(
     if episodes_per_file is not None and episodes_per_file < 1:
         raise DataError(str(out_dir), f"episodes_per_file must be >= 1, got {episodes_per_file}")
     check_not_input(paths, out_dir)  # also a folder given as input: nothing is written inside it
-    paths = [q for p in paths for q in _trajectory_files(p)]
+    paths = [q for p in paths for q in trajectory_files(p)]
     opts = video or VideoOptions()
 
     def write(root: Path) -> dict[str, Any]:
-        w = _Writer(root, fps, state_keys, opts, episodes_per_file)
+        w = _Writer(root, fps, state_keys, opts, episodes_per_file, drop_keys)
         done = 0
         for fi, p in enumerate(paths):
             with TrajectoryFile(p) as f:
                 env_meta, li = f.env_meta, f.language_instruction
                 w.sources.append({"path": p.name, "env_meta": env_meta})
                 for name in f.episodes:
-                    keys = f.obs_keys(name)
+                    keys = w.kept(p, name, f.obs_keys(name))
                     grp = f._group(name)
                     obs = {}
                     for k in keys:
@@ -308,10 +320,12 @@ class _Writer:
     """Accumulates episodes into the Parquet / MP4 files of one dataset folder."""
 
     def __init__(self, root: Path, fps: int, state_keys: Sequence[str] | None, opts: VideoOptions,
-                 per_file: int | None):
+                 per_file: int | None, drop_keys: Sequence[str] = ()):
         self.root, self.fps, self.opts, self.per_file = root, fps, opts, per_file
         self.state_keys = list(state_keys) if state_keys is not None else None
+        self.drop_keys = sorted(set(drop_keys))
         self.layout: dict[str, tuple[tuple[int, ...], bool]] | None = None  # obs key -> (tail shape, image)
+        self.dtypes: dict[str, str] = {}  # low-dim obs key -> the dtype it is written in
         self.action_dim: int | None = None
         self.episodes: list[dict[str, Any]] = []
         self.ep_stats: list[dict[str, dict[str, np.ndarray]]] = []
@@ -328,17 +342,30 @@ class _Writer:
         self._convention_from: Path | None = None  # the source that set it
 
     # -- features
+    def kept(self, src: Path, name: str, keys: list[str]) -> list[str]:
+        """The obs ``keys`` of an episode that are exported (``drop_keys`` checked against the first episode)."""
+        if self.layout is None:
+            bad = [k for k in self.drop_keys if k not in keys]
+            if bad:
+                raise DataError(src, f"drop key(s) {bad} are not obs keys of {name} (has {keys})")
+        return [k for k in keys if k not in self.drop_keys]
+
     def _setup(self, src: Path, name: str, obs: dict[str, tuple[np.ndarray, bool]], A: int) -> None:
         self.layout = {k: (tuple(a.shape[1:]), img) for k, (a, img) in obs.items()}
         for k, (tail, img) in self.layout.items():
-            if not img and len(tail) > 1:
-                raise DataError(src, f"{name}: obs/{k} has per-step shape {tail}; export supports (T,) and (T, D)")
-        low = sorted(k for k, (_, img) in self.layout.items() if not img)
+            if not img and len(tail) > 5:
+                raise DataError(src, f"{name}: obs/{k} has per-step shape {tail}; LeRobot features have at most 5 "
+                                     f"axes (leave it out with drop_keys / --drop-keys {k})")
+            if not img:
+                dt = np.dtype(obs[k][0].dtype)
+                self.dtypes[k] = "float32" if dt.kind in "fc" else ("bool" if dt.kind == "b" else dt.name)
+        vectors = sorted(k for k, (tail, img) in self.layout.items() if not img and len(tail) <= 1)
         if self.state_keys is None:
-            self.state_keys = ["proprio"] if "proprio" in low else low
-        bad = [k for k in self.state_keys if k not in low]
+            self.state_keys = ["proprio"] if "proprio" in vectors else vectors
+        bad = [k for k in self.state_keys if k not in vectors]
         if bad:
-            raise DataError(src, f"state key(s) {bad} are not low-dim obs keys of {name} (has {low})")
+            raise DataError(src, f"state key(s) {bad} are not (T,) / (T, D) low-dim obs keys of {name} "
+                                 f"(has {vectors})")
         self.action_dim = A
 
     def _features(self) -> dict[str, dict[str, Any]]:
@@ -349,9 +376,12 @@ class _Writer:
                 feats[_IMAGES + k] = {"dtype": "video", "shape": list(tail),
                                       "names": ["height", "width", "channels"], "info": self.video_info[k]}
         for k, (tail, img) in sorted(self.layout.items()):
-            if not img:
+            if not img and len(tail) <= 1:
                 d = int(np.prod(tail)) if tail else 1
-                feats[f"observation.{k}"] = {"dtype": "float32", "shape": [d], "names": [f"{k}_{i}" for i in range(d)]}
+                feats[f"observation.{k}"] = {"dtype": self.dtypes[k], "shape": [d],
+                                             "names": [f"{k}_{i}" for i in range(d)]}
+            elif not img:  # (D1, ..., Dk): LeRobot's ArrayKD features
+                feats[f"observation.{k}"] = {"dtype": self.dtypes[k], "shape": list(tail), "names": None}
         if self.state_keys:
             names = [n for k in self.state_keys for n in feats[f"observation.{k}"]["names"]]
             feats["observation.state"] = {"dtype": "float32", "shape": [len(names)], "names": names}
@@ -445,9 +475,11 @@ class _Writer:
                 ep[f"videos/{key}/from_timestamp"], ep[f"videos/{key}/to_timestamp"] = a / self.fps, b / self.fps
                 stats[key] = _stats(arr, image=True)
             else:
-                cols[f"observation.{k}"] = np.asarray(arr, dtype=np.float32).reshape(T, -1)
+                a = np.asarray(arr, dtype=self.dtypes[k])
+                cols[f"observation.{k}"] = a if a.ndim > 2 else a.reshape(T, -1)  # (T,) -> (T, 1)
         if self.state_keys:
-            cols["observation.state"] = np.concatenate([cols[f"observation.{k}"] for k in self.state_keys], axis=1)
+            cols["observation.state"] = np.concatenate(
+                [cols[f"observation.{k}"].astype(np.float32) for k in self.state_keys], axis=1)
         cols["action"] = actions
         cols["next.reward"] = np.asarray(rewards, dtype=np.float32).reshape(T)
         cols["next.done"] = np.asarray(dones).reshape(T).astype(bool)
@@ -458,7 +490,7 @@ class _Writer:
         cols["task_index"] = np.full(T, task_index, dtype=np.int64)
         for k, v in cols.items():
             self.rows.setdefault(k, []).append(v)
-            stats[k] = _stats(v.reshape(T, -1), image=False)
+            stats[k] = _stats(v if v.ndim > 2 else v.reshape(T, -1), image=False)
         self.frames += T
         self.episodes.append(ep)
         self.ep_stats.append(stats)
@@ -512,6 +544,10 @@ class _Writer:
         }
         if self.image_convention is not None and self.video_info:
             info["image_convention"] = self.image_convention  # LeRobot's reader ignores keys it does not use
+        info["obs_keys"] = {  # ours too: which obs keys of the sources became which features, which were dropped
+            "kept": {k: (_IMAGES if img else "observation.") + k for k, (_, img) in sorted(self.layout.items())},
+            "dropped": self.drop_keys,
+        }
         write_json(self.root / INFO_PATH, info)
         write_json(self.root / EMBODIED_PATH, {
             "format": 1, "state_keys": self.state_keys or [], "sources": self.sources,
@@ -544,16 +580,29 @@ def _read_parquet(path: Path, columns: list[str] | None = None):
 
 
 def _to_numpy(col) -> np.ndarray:
-    """A Parquet column as (N,) or (N, ...) numpy (fixed-size / uniform lists stacked)."""
+    """A Parquet column as (N,) or (N, ...) numpy.
+
+    Fixed-size and equal-length lists, nested at any depth (our exports' multi-axis features and the ``ArrayKD``
+    extension columns of ``datasets`` in LeRobot's), become axes.
+    """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ExtensionArray):  # datasets' Array2D .. Array5D: nested lists in storage
+        col = col.storage
     t = col.type
     if pa.types.is_fixed_size_list(t):
         inner = _to_numpy(col.flatten())
         return inner.reshape(len(col), t.list_size, *inner.shape[1:])
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return np.stack([np.asarray(x) for x in col.to_pylist()]) if len(col) else np.zeros((0, 0))
+        if not len(col):
+            return np.zeros((0, 0))
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        if col.null_count == 0 and (lengths == lengths[0]).all():
+            inner = _to_numpy(col.flatten())
+            return inner.reshape(len(col), int(lengths[0]), *inner.shape[1:])
+        return np.stack([np.asarray(x) for x in col.to_pylist()])
     return col.to_numpy(zero_copy_only=False)
 
 
@@ -648,6 +697,25 @@ class LeRobotFile:
         self.image_convention, self._flips = self._image_conventions()
 
     image_flips = (False, False)  # what TrajectoryDataset applies to the frames here: they are turned when decoded
+
+    @property
+    def camera_keys(self) -> list[str]:
+        """The obs keys of the camera features (``observation.images.<key>``, video or image).
+
+        In ``info.json``'s order, LeRobot's own camera order (``LeRobotDatasetMetadata.camera_keys``).
+        """
+        return [k for k, f in self._obs.items() if f.startswith(_IMAGES)]
+
+    @property
+    def state_keys(self) -> list[str]:
+        """The obs keys that are the robot state, concatenated in this order.
+
+        ``["state"]`` (``observation.state``) in a dataset LeRobot wrote; in our exports, where ``observation.state``
+        repeats other features, the keys it concatenates; ``[]`` without an ``observation.state`` feature.
+        """
+        if self.extra.get("state_keys"):
+            return [str(k) for k in self.extra["state_keys"] if k in self._obs]
+        return ["state"] if self._obs.get("state") == "observation.state" else []
 
     def _image_conventions(self) -> tuple[str | None, tuple[bool, bool]]:
         """(the convention frames are returned in, the flips from the stored frames to it)."""

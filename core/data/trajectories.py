@@ -78,17 +78,19 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from core.data.hdf5 import TrajectoryFile, is_image_key, is_libero
+from core.data.hdf5 import TrajectoryFile, is_image_key, is_libero, trajectory_files
 from core.data.image_convention import flips
 from core.data.lerobot import INFO_PATH, LeRobotFile
 from core.errors import DataError
 from core.io import atomic_path
 
 __all__ = [
+    "DataKeys",
     "EpisodeInfo",
     "TrajectoryDataset",
     "TrajectoryFile",
     "TrajectoryWriter",
+    "data_keys",
     "is_image_key",
     "is_libero",
     "open_trajectories",
@@ -331,20 +333,54 @@ def open_trajectories(path: str | os.PathLike, chunk_cache_bytes: int | None = N
 def expand_data_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     """Data paths as the loaders take them: a folder stands for its ``*.hdf5`` files.
 
-    A folder that is not a LeRobot dataset (no ``meta/info.json``, e.g. a LIBERO suite folder) becomes its
-    ``*.hdf5`` files, sorted; files and LeRobot folders stay. Paths that do not exist are kept (the caller
-    records or refuses them).
+    A folder that is not a LeRobot dataset (no ``meta/info.json``: a LIBERO suite folder, an ``embodied libero
+    record`` or ``drive eval`` output) becomes the ``*.hdf5`` files under it at any depth, sorted
+    (``core.data.hdf5.trajectory_files``); files and LeRobot folders stay. Paths that do not exist are kept (the
+    caller records or refuses them).
 
     Raises:
         DataError: A folder without ``*.hdf5`` files.
     """
     out: list[Path] = []
     for p in map(Path, paths):
-        found = sorted(p.glob("*.hdf5")) if p.is_dir() and not (p / INFO_PATH).is_file() else [p]
-        if not found:
-            raise DataError(p, "a folder without *.hdf5 files")
-        out.extend(found)
+        out.extend(trajectory_files(p) if p.is_dir() and not (p / INFO_PATH).is_file() else [p])
     return out
+
+
+@dataclass(frozen=True)
+class DataKeys:
+    """The observation keys of a data source and what the source itself says they are.
+
+    ``obs``: every obs key (of the first episode). ``cameras``: the image keys, the source's main camera first.
+    ``state``: the keys that make the robot state, concatenated in this order. ``stated``: whether ``cameras`` and
+    ``state`` are the source's own statement (a LeRobot folder's ``meta/info.json``: its camera features in their
+    order, its ``observation.state``) rather than read off array shapes (an HDF5 file: its image-shaped keys,
+    sorted, and no state). ``source``: where they were read.
+    """
+
+    obs: tuple[str, ...]
+    cameras: tuple[str, ...]
+    state: tuple[str, ...]
+    stated: bool
+    source: str
+
+
+def data_keys(path: str | os.PathLike) -> DataKeys:
+    """The ``DataKeys`` of an HDF5 trajectory file or a LeRobot folder (see ``DataKeys``).
+
+    Raises:
+        DataError: ``path`` cannot be read, or holds no episode.
+    """
+    with open_trajectories(path) as f:
+        if not f.episodes:
+            raise DataError(path, "no episodes")
+        first = f.episodes[0]
+        obs = tuple(f.obs_keys(first))
+        if isinstance(f, LeRobotFile):
+            return DataKeys(obs, tuple(f.camera_keys), tuple(f.state_keys), True, str(Path(path) / INFO_PATH))
+        cams = tuple(k for k in obs if is_image_key(f.dataset(first, f"obs/{k}").shape,
+                                                    f.dataset(first, f"obs/{k}").dtype))
+        return DataKeys(obs, cams, (), False, str(path))
 
 
 def _is_array(x: Any) -> bool:

@@ -77,15 +77,65 @@ def recorded_camera(path: Path) -> str | None:
 
 
 def check_camera(paths: list[Path], env: EnvConfig) -> None:
-    """Refuse data seen through another camera than the one closed-loop evaluation will render."""
+    """Refuse data seen through another camera than the one closed-loop evaluation will render.
+
+    Data that names no simulator settings (no ``env_kwargs``: a LeRobot dataset LeRobot wrote, e.g. of a real
+    robot) has no camera of this workspace's envs to compare, and passes.
+    """
+    from core.data.trajectories import open_trajectories
     from core.errors import ConfigError
 
     for p in paths:
+        with open_trajectories(p) as f:
+            simulated = isinstance(f.env_meta.get("env_kwargs"), dict)
+        if not simulated:
+            continue
         cam = recorded_camera(p)
         if (cam or "default") != (env.camera or "default"):
             raise ConfigError(f"{p} was recorded with camera {cam or 'default'!r} but env.camera is "
                               f"{env.camera or 'default'!r}: the policy would be evaluated on another view "
                               "(record again, or set env.camera to match)")
+
+
+def resolve_data_keys(model_cfg: BCConfig, paths: list[Path]) -> BCConfig:
+    """``model_cfg`` with its image and proprio keys fitted to the data (``core.data.trajectories.data_keys`` of
+    the first path).
+
+    A key the data has is kept. A key left at its default (``image`` / ``proprio``) that the data lacks is taken
+    from what the data states about itself, a LeRobot folder's ``meta/info.json``: its first camera feature (one
+    that is not ``wrist_image_key``) and the keys of its ``observation.state``; one log line names the choice,
+    and with several cameras the others and how to pick one. Nothing is guessed from key names or shapes.
+
+    Raises:
+        ConfigError: A key the data lacks that was set explicitly, or that the data states no replacement for;
+            the message lists the data's cameras and obs keys.
+    """
+    from core.data.trajectories import data_keys
+    from core.errors import ConfigError
+
+    keys = data_keys(paths[0])
+    default = BCConfig()
+    changes: dict[str, Any] = {}
+    if model_cfg.image_key not in keys.obs:
+        cams = [c for c in keys.cameras if c != model_cfg.wrist_image_key]
+        if model_cfg.image_key != default.image_key or not keys.stated or not cams:
+            raise ConfigError(f"model.image_key={model_cfg.image_key!r} is not an obs key of {paths[0]} "
+                              f"(cameras: {', '.join(keys.cameras) or 'none'}; obs keys: {', '.join(keys.obs)})")
+        changes["image_key"] = cams[0]
+    if model_cfg.proprio_key not in keys.obs:
+        if (model_cfg.proprio_key != default.proprio_key or model_cfg.extra_proprio_keys or not keys.stated
+                or not keys.state):
+            raise ConfigError(f"model.proprio_key={model_cfg.proprio_key!r} is not an obs key of {paths[0]} "
+                              f"(state: {', '.join(keys.state) or 'not stated'}; obs keys: {', '.join(keys.obs)})")
+        changes["proprio_key"], changes["extra_proprio_keys"] = keys.state[0], list(keys.state[1:])
+    if changes:
+        cam = changes.get("image_key", model_cfg.image_key)
+        state = [changes.get("proprio_key", model_cfg.proprio_key),
+                 *changes.get("extra_proprio_keys", model_cfg.extra_proprio_keys)]
+        more = [c for c in keys.cameras if c not in (cam, model_cfg.wrist_image_key)]
+        log.info("data keys from %s: camera %r, state %s%s", keys.source, cam, " + ".join(map(repr, state)),
+                 f" (other cameras: {', '.join(more)}; model.image_key=NAME picks one)" if more else "")
+    return dataclasses.replace(model_cfg, **changes)
 
 
 def normalization_stats(paths: list[Path], proprio_key: str | list[str]) -> dict[str, np.ndarray]:
@@ -116,6 +166,7 @@ def train(cfg) -> dict[str, Any]:
     trainer_cfg: TrainerConfig = to_object(cfg.trainer)
     paths = ensure_data(data_cfg)
     check_camera(paths, to_object(cfg.env))
+    model_cfg = resolve_data_keys(model_cfg, paths)
     obs_keys = [*model_cfg.image_keys, *model_cfg.proprio_keys]
     dataset = TrajectoryDataset(paths, obs_keys=obs_keys, horizon=model_cfg.horizon, frame_stack=1,
                                 stride=data_cfg.stride, filter_key=data_cfg.filter_key, on_error=data_cfg.on_error,

@@ -1,8 +1,10 @@
 """LeRobot v3 export and import (core/data/lerobot.py): read by lerobot's own LeRobotDataset, round trip
-HDF5 -> LeRobot -> TrajectoryDataset, shared MP4 files, bad input, the CLI and BC training on an export.
+HDF5 -> LeRobot -> TrajectoryDataset, shared MP4 files, multi-axis obs (driving) and dropped keys, folders of
+recordings, bad input, the CLI, BC training on an export and on a dataset LeRobot's own API wrote.
 
 lerobot itself lives in the side folder ``.venv/side-lerobot`` (``make setup`` installs it there, --no-deps: it
-pins an older torch); the tests that need it run it in a subprocess with that folder on ``sys.path``.
+pins an older torch, with torchcodec, its default video decoder); the tests that need it run it in a subprocess
+with that folder on ``sys.path``, unpatched, as a user would.
 """
 
 from __future__ import annotations
@@ -98,33 +100,19 @@ def exports(tmp_path_factory, demos) -> dict[str, Path]:
 # ------------------------------------------------------------------------------------------- lerobot reads it
 LEROBOT_READ = r'''
 import sys
-import numpy as np, torch, torchvision, av
+import numpy as np, torch
 root, side, out = sys.argv[1:4]
 sys.path.insert(0, side)
-
-class PyAVReader:
-    """torchvision.io.VideoReader's "pyav" backend (removed from torchvision 0.29), on PyAV, for LeRobot's decoder."""
-    def __init__(self, path, stream="video"):
-        self.container = av.open(path)
-        self._s = self.container.streams.video[0]
-    def seek(self, ts, keyframes_only=True):  # the key frame at or before ts, as torchvision's pyav seek did
-        self.container.seek(max(0, int(ts / self._s.time_base)), stream=self._s, backward=True, any_frame=False)
-        return self
-    def __iter__(self):
-        for fr in self.container.decode(self._s):
-            yield {"data": torch.from_numpy(fr.to_ndarray(format="rgb24")).permute(2, 0, 1), "pts": float(fr.time)}
-
-torchvision.io.VideoReader = PyAVReader
-torchvision.set_video_backend = lambda backend: None
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-ds = LeRobotDataset(repo_id="local/x", root=root, video_backend="pyav")
+ds = LeRobotDataset(repo_id="local/x", root=root)  # LeRobot's defaults (torchcodec decodes the videos), no patch
 items = [ds[i] for i in range(len(ds))]
 res = {"fps": np.array(ds.fps), "episodes": np.array(ds.num_episodes), "frames": np.array(ds.num_frames),
-       "tasks": np.array([it["task"] for it in items]), "stats_keys": np.array(sorted(ds.meta.stats))}
-for k in ("action", "observation.state", "observation.proprio", "timestamp", "frame_index", "episode_index",
-          "index", "next.reward", "next.done"):
-    if k in items[0]:
+       "tasks": np.array([it["task"] for it in items]), "stats_keys": np.array(sorted(ds.meta.stats)),
+       "backend": np.array(ds.video_backend),
+       "hf_types": np.array([f"{k}:{type(v).__name__}" for k, v in ds.hf_dataset.features.items()])}
+for k, v in items[0].items():
+    if isinstance(v, torch.Tensor) and k not in ds.meta.video_keys:
         res[k] = torch.stack([it[k] for it in items]).numpy()
 for k in ds.meta.video_keys:  # float (3, H, W) in [0, 1] -> uint8 (H, W, 3)
     res[k] = torch.stack([(it[k] * 255).round().to(torch.uint8).permute(1, 2, 0) for it in items]).numpy()
@@ -132,19 +120,25 @@ np.savez(out, **res)
 '''
 
 
-def lerobot_read(folder: Path, tmp_path: Path) -> dict[str, np.ndarray]:
-    """Every frame of ``folder`` as lerobot's ``LeRobotDataset(..., video_backend="pyav")`` gives it."""
+def side_env(tmp_path: Path) -> dict[str, str]:
+    """The environment lerobot runs in here: offline, its caches inside ``tmp_path``."""
     if not (SIDE / "lerobot").is_dir():
         pytest.fail(f"lerobot is not installed in {SIDE}: run `make setup` (it installs it there for the tests)")
+    return {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
+            "HF_LEROBOT_HOME": str(tmp_path / "hf" / "lerobot"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def lerobot_read(folder: Path, tmp_path: Path) -> dict[str, np.ndarray]:
+    """Every frame of ``folder`` as lerobot's ``LeRobotDataset(repo_id, root=folder)`` gives it (unpatched)."""
     script, out = tmp_path / "read.py", tmp_path / "read.npz"
     script.write_text(LEROBOT_READ)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
-           "HF_LEROBOT_HOME": str(tmp_path / "hf" / "lerobot"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, str(script), str(folder), str(SIDE), str(out)], env=env,
+    r = subprocess.run([sys.executable, str(script), str(folder), str(SIDE), str(out)], env=side_env(tmp_path),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     with np.load(out) as z:
-        return dict(z)
+        got = dict(z)
+    assert str(got.pop("backend")) == "torchcodec"  # LeRobot's default decoder, not a fallback
+    return got
 
 
 def hdf5_steps(path: Path) -> dict[str, np.ndarray]:
@@ -460,3 +454,227 @@ def test_lacwm_pretraining_takes_the_users_lerobot_folder(exports, tmp_path):
     assert sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*")) == before
     with pytest.raises(DataError, match="no such file or folder"):
         data_files(WorldModelDataConfig(root=str(root), tasks=[], paths=[str(tmp_path / "absent")]), record=False)
+
+
+# ---------------------------------------------------------------------- multi-axis obs (driving), dropped keys
+def make_driving(path: Path, episodes: int = 2) -> Path:
+    """A driving-recorder-style file: front camera (T, 32, 64, 3), agents (T, 8, 8), route (T, 20, 2), channel-first
+    BEV masks (T, 6, 16, 16) uint8, speed (T,), proprio (T, 4); 2-d actions; T = 12 + episode."""
+    rng = np.random.default_rng(1)
+    env_meta = {"env_name": "embodied/Drive-Highway-v0", "env_type": "driving", "env_kwargs": {},
+                "embodiment": "ego_car"}
+    with TrajectoryWriter(path, env_meta=env_meta, language_instruction="drive along the highway") as w:
+        for e in range(episodes):
+            T = 12 + e
+            obs = {"image": np.concatenate([frames(T, 32, 32, e), frames(T, 32, 32, e + 3)], axis=2),
+                   "agents": rng.normal(size=(T, 8, 8)).astype(np.float32),
+                   "route": rng.normal(size=(T, 20, 2)).astype(np.float32),
+                   "bev": rng.integers(0, 2, (T, 6, 16, 16), dtype=np.uint8),
+                   "speed": rng.normal(size=T).astype(np.float32),
+                   "proprio": rng.normal(size=(T, 4)).astype(np.float32)}
+            w.add_episode(obs, rng.normal(size=(T, 2)).astype(np.float32), attrs={"embodiment": "ego_car"})
+    return path
+
+
+def test_multi_axis_obs_become_fixed_shape_features_lerobot_reads(tmp_path):
+    """(T, 8, 8) / (T, 20, 2) / (T, 6, H, W) obs are exported with their shapes; LeRobot's reader loads them as the
+    Array2D / Array3D features its ``get_hf_features_from_features`` maps those shapes to, value for value."""
+    src = make_driving(tmp_path / "drive.hdf5")
+    export_lerobot(src, tmp_path / "lr", fps=FPS, video=LOSSLESS)
+    info = json.loads((tmp_path / "lr/meta/info.json").read_text())
+    f = info["features"]
+    assert (f["observation.agents"]["shape"], f["observation.agents"]["dtype"]) == ([8, 8], "float32")
+    assert (f["observation.route"]["shape"], f["observation.route"]["dtype"]) == ([20, 2], "float32")
+    assert (f["observation.bev"]["shape"], f["observation.bev"]["dtype"]) == ([6, 16, 16], "uint8")
+    assert f["observation.speed"]["shape"] == [1] and f["observation.state"]["shape"] == [4]  # state = proprio
+    assert f["observation.images.image"]["shape"] == [32, 64, 3]
+    assert info["obs_keys"] == {"kept": {"agents": "observation.agents", "bev": "observation.bev",
+                                         "image": "observation.images.image", "proprio": "observation.proprio",
+                                         "route": "observation.route", "speed": "observation.speed"},
+                                "dropped": []}
+    want = hdf5_steps(src)
+    stats = json.loads((tmp_path / "lr/meta/stats.json").read_text())  # LeRobot's shape: per last axis
+    assert np.allclose(stats["observation.agents"]["mean"], want["obs/agents"].reshape(-1, 8).mean(0), atol=1e-6)
+    assert np.allclose(stats["observation.bev"]["max"], want["obs/bev"].reshape(-1, 16).max(0))
+    assert stats["observation.route"]["count"] == [25]
+
+    got = lerobot_read(tmp_path / "lr", tmp_path)
+    types = set(got["hf_types"].tolist())
+    assert {"observation.agents:Array2D", "observation.route:Array2D", "observation.bev:Array3D",
+            "observation.speed:Value", "observation.state:List"} <= types, types
+    assert np.array_equal(got["observation.agents"], want["obs/agents"])
+    assert np.array_equal(got["observation.route"], want["obs/route"])
+    assert np.array_equal(got["observation.bev"], want["obs/bev"])
+    assert np.array_equal(got["observation.speed"], want["obs/speed"])
+    assert np.array_equal(got["observation.state"], want["obs/proprio"])
+    assert np.array_equal(got["observation.images.image"], want["obs/image"])  # lossless
+    # and back: the same windows as the HDF5 file
+    a = TrajectoryDataset(src, horizon=2, frame_stack=2)
+    b = TrajectoryDataset(tmp_path / "lr", horizon=2, frame_stack=2)
+    assert a.obs_keys == b.obs_keys == ["agents", "bev", "image", "proprio", "route", "speed"]
+    for x, y in zip(windows(a), windows(b), strict=True):
+        assert all(x[k].equal(y[k].reshape(x[k].shape)) for k in x)  # speed: (T,) there, (T, 1) here
+
+
+def test_drop_keys_are_left_out_and_stated(tmp_path):
+    src = make_driving(tmp_path / "drive.hdf5")
+    export_lerobot(src, tmp_path / "lr", fps=FPS, drop_keys=["bev", "agents"])
+    info = json.loads((tmp_path / "lr/meta/info.json").read_text())
+    assert not {"observation.agents", "observation.bev"} & set(info["features"])
+    assert info["obs_keys"]["dropped"] == ["agents", "bev"]
+    assert sorted(info["obs_keys"]["kept"]) == ["image", "proprio", "route", "speed"]
+    with LeRobotFile(tmp_path / "lr") as f:
+        assert f.obs_keys("demo_0") == ["image", "proprio", "route", "speed"]
+    with pytest.raises(DataError, match=r"drop key\(s\) \['nope'\] are not obs keys of demo_0"):
+        export_lerobot(src, tmp_path / "x", drop_keys=["nope"])
+    with pytest.raises(DataError, match=r"state key\(s\) \['route'\] are not \(T,\) / \(T, D\) low-dim"):
+        export_lerobot(src, tmp_path / "x", state_keys=["route"])
+    with pytest.raises(DataError, match=r"state key\(s\) \['agents'\]"):  # a dropped key is no state key
+        export_lerobot(src, tmp_path / "x", state_keys=["agents"], drop_keys=["agents"])
+    assert not (tmp_path / "x").exists()
+    user = tmp_path / "user"
+    user.mkdir()
+    r = _cli(["sim", "export-lerobot", str(src), "--out", "lr", "--drop-keys", "agents", "--state-keys",
+              "speed,proprio"], cwd=user)
+    assert r.returncode == 0, r.stderr
+    assert "obs keys left out: agents" in r.stdout
+    info = json.loads((user / "lr/meta/info.json").read_text())
+    assert info["obs_keys"]["dropped"] == ["agents"] and info["features"]["observation.state"]["shape"] == [5]
+    r = _cli(["sim", "export-lerobot", str(src), "--out", "lr2", "--state-keys", "speedd"], cwd=user)
+    assert r.returncode == 2 and "speedd" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (user / "lr2").exists()
+
+
+def test_cli_folder_argument_finds_files_in_sub_folders(tmp_path):
+    """``embodied libero record`` writes <out>/<suite>/<task>_demo.hdf5: a folder argument finds them at any depth,
+    in path order, skipping hidden staging folders; a tree without any is refused. ``data.paths`` does the same."""
+    from core.data.trajectories import expand_data_paths
+
+    user = tmp_path / "user"
+    suite = user / "rec" / "libero_spatial"
+    suite.mkdir(parents=True)
+    make_demos(suite / "b_task_demo.hdf5", episodes=2, size=32, libero=True)
+    make_demos(suite / "a_task_demo.hdf5", episodes=1, size=32, libero=True)
+    (user / "rec" / ".staging").mkdir()
+    make_driving(user / "rec" / ".staging" / "half_written.hdf5", episodes=1)  # other keys: would be refused
+    before = _hash_tree(user / "rec")
+    r = _cli(["sim", "export-lerobot", "rec", "--out", "lr"], cwd=user)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "rec: 2 .hdf5 file(s) found (sub-folders included)"
+    assert "3 episodes, 61 frames" in r.stdout  # a: 1 episode (20 steps), b: 2 (20 + 21)
+    extra = json.loads((user / "lr/meta/embodied.json").read_text())
+    assert [s["path"] for s in extra["sources"]] == ["a_task_demo.hdf5", "b_task_demo.hdf5"]
+    assert [e["source"] for e in extra["episodes"]] == [0, 1, 1]
+    assert _hash_tree(user / "rec") == before
+    assert expand_data_paths([user / "rec", user / "lr"]) == [suite / "a_task_demo.hdf5",
+                                                              suite / "b_task_demo.hdf5", user / "lr"]
+    (user / "empty" / "sub").mkdir(parents=True)
+    (user / "empty" / "sub" / "notes.txt").write_text("no recordings here")
+    r = _cli(["sim", "export-lerobot", "empty", "--out", "lr2"], cwd=user)
+    assert r.returncode == 2 and "empty: a folder without .hdf5 trajectory files" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (user / "lr2").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cli_exports_a_drive_eval_output(tmp_path):
+    """A real ``drive eval`` recording (its HDF5 one folder down, agents / route / BEV multi-axis) exports."""
+    r = _cli(["drive", "eval", "--policy", "idm", "--episodes", "1", "--out", "de"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from core.data.trajectories import TrajectoryFile
+
+    r = _cli(["sim", "export-lerobot", "de", "--out", "de_lr"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "de: 1 .hdf5 file(s) found (sub-folders included)"
+    src = next((tmp_path / "de").rglob("*.hdf5"))
+    feats = json.loads((tmp_path / "de_lr/meta/info.json").read_text())["features"]
+    with TrajectoryFile(src) as h, LeRobotFile(tmp_path / "de_lr") as f:
+        for k in h.obs_keys("demo_0"):
+            shape = h.dataset("demo_0", f"obs/{k}").shape
+            if len(shape) > 2 and k != "image":
+                assert feats[f"observation.{k}"]["shape"] == list(shape[1:]), k
+                assert np.array_equal(f.read("demo_0", f"obs/{k}"), h.read("demo_0", f"obs/{k}")), k
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_readme_lerobot_snippet_runs(tmp_path):
+    """The README's commands for reading an export with LeRobot's reader, run as written (the venv's path made
+    absolute, since the test runs outside the repository)."""
+    readme = (REPO / "README.md").read_text()
+    at = readme.index("LeRobot's own reader opens an export")
+    block = readme[readme.index("```\n", at) + 4: readme.index("\n```", readme.index("```\n", at) + 4)]
+    assert "LeRobotDataset(" in block and "PYTHONPATH=.venv/side-lerobot" in block
+    script = block.replace(".venv/", f"{REPO}/.venv/")
+    env = {k: v for k, v in side_env(tmp_path).items() if not k.startswith("HF_") or k == "HF_HOME"}
+    r = subprocess.run(["bash", "-ec", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[-2].startswith("2 episodes,") and "cameras ['observation.images.image']" in lines[-2], lines
+    assert "'observation.agents': (8, 8)" in lines[-1] and "'observation.route': (20, 2)" in lines[-1], lines
+
+
+# ------------------------------------------------------------------ a dataset LeRobot's own API wrote -> BC
+LEROBOT_WRITE = r'''
+import sys
+import numpy as np
+root, side, kind = sys.argv[1:4]
+sys.path.insert(0, side)
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+cams = ["cam", "wrist"] if kind == "video" else ["cam"]
+features = {f"observation.images.{c}": {"dtype": kind, "shape": (32, 32, 3), "names": ["height", "width", "channels"]}
+            for c in cams}
+features["observation.state"] = {"dtype": "float32", "shape": (6,), "names": [f"joint_{i}" for i in range(6)]}
+features["action"] = {"dtype": "float32", "shape": (4,), "names": [f"motor_{i}" for i in range(4)]}
+ds = LeRobotDataset.create("user/pick_cube", fps=10, root=root, features=features, robot_type="so100",
+                           use_videos=kind == "video")
+rng = np.random.default_rng(0)
+for e in range(3):
+    for t in range(20):
+        frame = {f"observation.images.{c}": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for c in cams}
+        frame["observation.state"] = rng.normal(size=6).astype(np.float32)
+        frame["action"] = rng.normal(size=4).astype(np.float32)
+        frame["task"] = "pick up the cube"
+        ds.add_frame(frame)
+    ds.save_episode()
+ds.finalize()
+'''
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["video", "image"])
+def test_bc_trains_on_a_dataset_lerobot_wrote(tmp_path, kind):
+    """``embodied train bc 'data.paths=[DIR]'`` on a dataset of LeRobot's own API (cameras named ``cam`` / ``wrist``,
+    ``observation.state``, no simulator camera): the keys come from its info.json, nothing else is set but sizes."""
+    from core.checkpoint import load_checkpoint
+    from core.logging import read_metrics
+
+    user = tmp_path / "user"
+    user.mkdir()
+    folder = user / "pick_cube"
+    script = tmp_path / "write.py"
+    script.write_text(LEROBOT_WRITE)
+    r = subprocess.run([sys.executable, str(script), str(folder), str(SIDE), kind], env=side_env(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((folder / "meta/info.json").read_text())
+    assert info["features"]["observation.images.cam"]["dtype"] == kind and not (folder / "meta/embodied.json").exists()
+    before = _hash_tree(folder)
+    r = _cli(["train", "bc", "data.paths=[pick_cube]", "debug=tiny", "model=bc_tiny"], cwd=user)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = "data keys from pick_cube/meta/info.json: camera 'cam', state 'state'"
+    if kind == "video":  # several cameras: the line names the others and how to pick one
+        line += " (other cameras: wrist; model.image_key=NAME picks one)"
+    assert [ln.split(" embodied.bc: ")[-1] for ln in r.stderr.splitlines() if "data keys from" in ln] == [line]
+    out = user / "outputs/bc"
+    rows = read_metrics(out)
+    assert rows[-1]["step"] == 4 and np.isfinite(rows[-1]["loss"])
+    model = load_checkpoint(out)["config"]["model"]
+    assert (model["image_key"], model["proprio_key"], model["action_dim"], model["proprio_dim"]) == ("cam", "state", 4, 6)
+    assert _hash_tree(folder) == before  # the user's dataset is read, never written
+    if kind == "video":  # a key set explicitly is used as set: a wrong one is refused, naming the cameras
+        r = _cli(["train", "bc", "data.paths=[pick_cube]", "debug=tiny", "model=bc_tiny", "model.image_key=front",
+                  "out_dir=run2"], cwd=user)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "model.image_key='front' is not an obs key" in r.stderr and "cameras: cam, wrist" in r.stderr
