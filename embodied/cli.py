@@ -141,12 +141,33 @@ def _add_drive(sub) -> None:
                    help="episode length in simulated seconds (default: each scenario's)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing output folder (on success)")
     e.set_defaults(func=_cmd_drive_eval)
+    b = d.add_parser("leaderboard", help="several policies on every scenario with paired seeds: one table of DS, "
+                                         "SR, PDMS, EPDMS, efficiency, comfortness and latency with intervals",
+                     description="Run `drive eval --scenario all` for each row (default: expert, constant, random, "
+                                 "the shipped AutoMoT synchronous and asynchronous, AutoMoT without reasoning) on "
+                                 "the same episode seeds, then write leaderboard.md / leaderboard.json (95 %% "
+                                 "intervals; Bench2Drive's abilities). Rerun the same command to resume.")
+    b.add_argument("--out", required=True, help="output folder (resumed when rerun with the same settings)")
+    b.add_argument("--episodes", type=_positive_int, default=10, help="episodes per scenario (default: %(default)s)")
+    b.add_argument("--seed", type=int, default=0, help="episode j uses seed + j (default: %(default)s)")
+    b.add_argument("--row", action="append", default=[], metavar="NAME=POLICY[,k=v...]",
+                   help="a row instead of the defaults (repeatable), e.g. 'fast=automot,update_interval=4'")
+    b.add_argument("--horizon-s", type=float, default=None, dest="horizon_s",
+                   help="episode length in simulated seconds (default: each scenario's)")
+    b.add_argument("--overwrite", action="store_true", help="start afresh in a folder that holds another one")
+    b.set_defaults(func=_cmd_drive_leaderboard)
 
 
 def _cmd_drive_eval(args) -> int:
     from driving.evaluate import drive_eval
 
     return drive_eval(args)
+
+
+def _cmd_drive_leaderboard(args) -> int:
+    from driving.leaderboard import leaderboard_command
+
+    return leaderboard_command(args)
 
 
 _LIBERO_EVAL = (
