@@ -3,14 +3,27 @@
 The foundation's sections (``embodied.sections``) run first, then every registered method's section
 (``core.registry.DEMOS``, filled by the methods' ``register.py``). A section that fails is shown with its
 error and makes the command exit non-zero; the others still run. The page is rewritten after every section.
+
+``embodied demo`` writes into a hidden staged folder that is renamed onto ``--out`` when it ends
+(``core.outputs.claim_output``). No path the user reads may name that folder: the page and summary link files
+relative to the output folder, sections print ``ctx.display(path)``, and as a net for what the sections' own
+commands say or record (``infer``'s lines, a warning naming its input, a training run's ``config.json``) the
+runner shows the staged folder as the user's ``--out`` on the console while the sections run
+(``final_paths_on_console``), and names the final folder in every text file once they are done
+(``relocate_records``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import logging
+import os
+import re
+import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +69,104 @@ def render_page(out: Path, results: list[tuple[str, DemoSection | None, str | No
     return path
 
 
+# ---------------------------------------------------------------------------------------------- final paths
+def final_path_pairs(out: str | Path, final: str | Path, typed: str | Path | None = None) -> list[tuple[str, str]]:
+    """``(staged, final)`` spellings to substitute, the longer first, for a run writing ``out`` that will be ``final``.
+
+    The staged folder's absolute and symlink-resolved paths become ``final``'s (or ``typed``, the ``--out`` as the
+    user typed it, for the console); when ``out`` is the hidden sibling ``.<name>.partial-<pid>`` that
+    ``core.outputs.claim_output`` renames onto ``final``, its name alone becomes ``<name>`` too (a relative spelling
+    of it then names the final folder as well).
+    """
+    out, final = Path(out), Path(final)
+    shown = str(Path(typed)) if typed is not None else None
+    pairs = {str(out.absolute()): shown or str(final.absolute()),
+             str(out.resolve()): shown or str(final.absolute().parent.resolve() / final.name)}
+    if out.absolute().parent == final.absolute().parent and \
+            re.fullmatch(rf"\.{re.escape(final.name)}\.partial-\d+", out.name):
+        pairs[out.name] = final.name
+    return sorted(((k, v) for k, v in pairs.items() if k != v), key=lambda kv: len(kv[0]), reverse=True)
+
+
+def _substitute(text: str, pairs: list[tuple[str, str]]) -> str:
+    for old, new in pairs:
+        text = text.replace(old, new)
+    return text
+
+
+class _ShowFinal:
+    """A text stream that writes each staged spelling as its final one and passes everything else through."""
+
+    def __init__(self, stream, pairs: list[tuple[str, str]]):
+        self._stream, self._pairs = stream, pairs
+
+    def write(self, text: str) -> int:
+        return self._stream.write(_substitute(text, self._pairs) if isinstance(text, str) else text)
+
+    def __getattr__(self, name: str):  # flush, isatty, encoding, fileno ... of the real stream
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def final_paths_on_console(out: str | Path, shown: str | Path | None) -> Iterator[None]:
+    """Show the staged folder ``out`` as ``shown`` on the console while the block runs.
+
+    stdout, stderr and log lines name ``shown`` (the ``--out`` the user typed), where the files will be once the
+    run ends. Nothing changes when ``shown`` is None.
+    """
+    if shown is None:
+        yield
+        return
+    pairs = final_path_pairs(out, shown, typed=shown)
+    handlers = [h for name in ("embodied", None) for h in logging.getLogger(name).handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ShowFinal(sys.stdout, pairs), _ShowFinal(sys.stderr, pairs)
+    streams = [h.setStream(_ShowFinal(h.stream, pairs)) for h in handlers]
+    try:
+        yield
+    finally:
+        for h, stream in zip(handlers, streams, strict=True):
+            h.setStream(stream)
+        sys.stdout, sys.stderr = saved
+
+
+#: Files that are not text, whatever bytes they hold (never edited).
+BINARY_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".exr", ".hdr", ".mp4", ".gif", ".npy", ".npz", ".hdf5", ".h5",
+                             ".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".ply", ".pkl", ".parquet"})
+
+
+def relocate_records(out: str | Path, final: str | Path) -> list[str]:
+    """Name the final folder ``final`` instead of the staged ``out`` in every text file under ``out``.
+
+    What a section's commands record names the folder they wrote into (a training run's ``config.json`` its
+    ``out_dir``, its ``eval.json`` the checkpoint); inside the staged run that is ``out``, gone once it is renamed
+    onto ``final``. Text files are rewritten atomically; binary files are never edited: those that still name
+    ``out`` are returned (paths relative to ``out``) for the caller to report.
+    """
+    from core.io import write_text
+
+    pairs = [(old.encode(), new.encode()) for old, new in final_path_pairs(out, final)]
+    left = []
+    for root, _dirs, files in os.walk(out):
+        for name in files:
+            path = Path(root) / name
+            if path.is_symlink() or path.stat().st_size > 64 * 2**20:
+                continue
+            data = path.read_bytes()
+            if not any(old in data for old, _ in pairs):
+                continue
+            text = None
+            if path.suffix.lower() not in BINARY_SUFFIXES and b"\0" not in data:
+                with contextlib.suppress(UnicodeDecodeError):
+                    text = data.decode("utf-8")
+            if text is None:
+                left.append(path.relative_to(out).as_posix())
+                continue
+            write_text(path, _substitute(text, [(o.decode(), n.decode()) for o, n in pairs]))
+    return sorted(left)
+
+
 # ---------------------------------------------------------------------------------------------- runner
 FOUNDATION: list[tuple[str, str]] = [
     ("methods", "embodied.sections:methods_section"),
@@ -78,15 +189,21 @@ def check_sections(only: list[str] | None) -> None:
 
 
 def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, shown: str | Path | None = None) -> int:
-    """Run the sections (all, or those named in ``only``); returns 0 when every section ran."""
+    """Run the sections (all, or those named in ``only``); returns 0 when every section ran.
+
+    ``out`` is the folder to write (a staged one under ``embodied demo``), ``shown`` the folder as the user named
+    it (``--out``), where ``out`` will be once the run ends: every path the user reads names that one.
+    """
     from core.bootstrap import prepare_process
     from core.errors import ConfigError
     from core.registry import DEMOS, import_target, load_plugins
 
     prepare_process()  # learning stack before any render context (see core/bootstrap.py)
     load_plugins()
-    out = Path(out).resolve()
+    given = Path(out)
+    out = given.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    staged = shown is not None and Path(shown).absolute() != given.absolute()  # renamed onto shown at the end
     sections: list[tuple[str, Callable[[DemoContext], DemoSection]]] = [
         (n, (lambda t=t: import_target(t))) for n, t in FOUNDATION
     ] + [(n, (lambda n=n: DEMOS.get(n))) for n in DEMOS.names()]
@@ -96,11 +213,30 @@ def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, show
         if unknown:
             raise ConfigError(f"unknown demo section(s) {unknown}; known: {', '.join(names)}")
         sections = [s for s in sections if s[0] in only]
-    ctx = DemoContext(out=out, seed=seed)
+    ctx = DemoContext(out=out, seed=seed, shown=Path(shown) if staged else None)
     results: list[tuple[str, DemoSection | None, str | None, float]] = []
     summary: dict[str, Any] = {}
+    with final_paths_on_console(given, shown if staged else None):
+        _run_sections(ctx, sections, results, summary)
+    write_json(out / "summary.json", summary)
+    if staged:  # what the sections' commands recorded names the folder the user will find
+        left = relocate_records(given, Path(shown))
+        if left:
+            log.warning("these files still name the staged folder (binary, not edited): %s", ", ".join(left))
+    page = out / "index.html"
+    failed = [n for n, s in summary.items() if not s["ok"]]
+    print(f"demo: {len(results) - len(failed)}/{len(results)} sections ran -> {Path(shown or out) / page.name}")
+    if failed:
+        print(f"demo: failed sections: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def _run_sections(ctx: DemoContext, sections: list[tuple[str, Callable[[], Callable[[DemoContext], DemoSection]]]],
+                  results: list[tuple[str, DemoSection | None, str | None, float]], summary: dict[str, Any]) -> None:
     from core.logging import progress
 
+    out = ctx.out
     bar = progress(total=len(sections), desc="demo", unit="section")
     for name, loader in sections:
         t0 = time.perf_counter()
@@ -119,11 +255,3 @@ def run_demo(out: str | Path, only: list[str] | None = None, seed: int = 0, show
         render_page(out, results)  # the page is complete after every section
         bar.update()
     bar.close()
-    write_json(out / "summary.json", summary)
-    page = out / "index.html"
-    failed = [n for n, s in summary.items() if not s["ok"]]
-    print(f"demo: {len(results) - len(failed)}/{len(results)} sections ran -> {Path(shown or out) / page.name}")
-    if failed:
-        print(f"demo: failed sections: {', '.join(failed)}")
-        return 1
-    return 0

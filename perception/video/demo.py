@@ -5,11 +5,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.demo import DemoContext, DemoSection, img_tag, table, video_tag
+from core.demo import (
+    BETTER,
+    SAME,
+    WORSE,
+    DemoContext,
+    DemoSection,
+    img_tag,
+    percent_change,
+    table,
+    verdict,
+    video_tag,
+)
 from core.resources import asset
 
 SAMPLES = asset("samples", "flexforcing")
 SCALE = 4
+#: How much closer to the given frame than to the blank control (relative) the first new frames must be for the
+#: page to say the video continues the scene.
+SCENE_TOLERANCE = 0.10
+
+
+def scene_prose(scene: dict, tolerance: float = SCENE_TOLERANCE) -> str:
+    """Whether the flex continuation kept the given scene, in words chosen from ``_scene_check``'s two distances."""
+    given, blank = scene["l1_to_given"], scene["l1_to_blank"]
+    numbers = (f"the first new frames are at mean L1 {given:.1f} / 255 from the given frame and {blank:.1f} from a "
+               "blank mid-grey control")
+    v = verdict(given, blank, tolerance, higher_is_better=False)  # nearer the given frame is better
+    if v == BETTER:
+        return (f"Continues the scene it is given (flex, from the first frame alone): {numbers} "
+                f"({percent_change(given, blank)}).")
+    if v == SAME:
+        return (f"Does not clearly continue the scene it is given (flex, from the first frame alone): {numbers}, "
+                f"within ±{100 * tolerance:.0f} % of each other.")
+    if v == WORSE:
+        return f"Does not continue the scene it is given (flex, from the first frame alone): {numbers}."
+    return f"Scene check (flex, from the first frame alone): {numbers}."
 
 
 def _grid(videos: list, scale: int = SCALE):
@@ -56,9 +87,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     write_mp4(mp4, _grid(clips), fps=FPS)
     body = table(rows, ["regime", "psnr_first_window", "psnr_last_window_4x", "frames_per_s", "first_frame_s",
                         "dit_passes"])
-    body += (f"<p>Continues the scene it is given (flex, from the first frame alone): the first new frames are at "
-             f"mean L1 {scene['l1_to_given']:.1f} / 255 from the given frame and {scene['l1_to_blank']:.1f} from a "
-             "blank mid-grey control.</p>")
+    body += f"<p>{scene_prose(scene)}</p>"
     body += video_tag(ctx.rel(mp4), "columns: ground truth | bidirectional | autoregressive | flex — one model, "
                                     f"{given} given frame(s), 4x the training length", 4 * size * SCALE)
     body += _recorded(ctx)
