@@ -106,6 +106,8 @@ def describe(name: str, folder: Path, where: str, run: bool = False) -> dict[str
         row["training_domain"] = card.get("training_domain")
         row["data"] = card.get("data")
         row["metrics"] = card.get("metrics")
+        if not row["metrics"] and card.get("metrics_note"):  # a card without metrics says why
+            row["metrics_note"] = str(card["metrics_note"])
         row["base"] = card.get("base") or _bases(model) or None
         row["upstream"] = card.get("upstream")
         if run:  # a run directory: say which checkpoint
@@ -173,8 +175,8 @@ def format_rows(rows: list[dict[str, Any]], width: int = 100) -> str:
             text = str(r[key]) if r[key] else "—"
             lines += textwrap.wrap(text, width, initial_indent=f"  {label + ':':<9}", subsequent_indent=" " * 11)
         items = _flat(r["metrics"]) if r["metrics"] else []
-        lines += textwrap.wrap("  ".join(items) or "—", width, initial_indent="  metrics: ",
-                               subsequent_indent=" " * 11)
+        text = "  ".join(items) or ("— (" + r["metrics_note"] + ")" if r.get("metrics_note") else "—")
+        lines += textwrap.wrap(text, width, initial_indent="  metrics: ", subsequent_indent=" " * 11)
     return "\n".join(lines)
 
 

@@ -102,7 +102,8 @@ def table(summary: dict[str, Any]) -> str:
 
 def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path | None = None) -> None:
     """The demo's assets: Deep-VRM's detector (seed ``seed``), the recorded comparison, and ``per_class`` val
-    images of each generator family and class (``images/<generator>_<ai|nature>_<i>.png``)."""
+    images of each generator family and class (``images/<generator>_<ai|nature>_<i>.png``). The exported detector
+    then gets its domain check (``cli.calibrate_domain``) and its measured card metrics (``card.measure``)."""
     from core.config import compose
     from core.pretrained import card_body, read_card, read_config
     from core.resources import asset
@@ -114,13 +115,19 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
                                                                   "base")}
     run_config = {k: v for k, v in read_config(src).items() if k not in ("method", "model")}
     # a self-contained export: the base VLM copied into <asset>/base, referenced relatively
-    DeepVRM.from_pretrained(src).save_pretrained(asset("checkpoints", "deepvrm"), card=card, run_config=run_config,
-                                                  body=card_body(src), copy_base=True)
+    dst = asset("checkpoints", "deepvrm")
+    DeepVRM.from_pretrained(src).save_pretrained(dst, card=card, run_config=run_config, body=card_body(src),
+                                                  copy_base=True)
+    from perception.forensics.card import measure, write_metrics
+    from perception.forensics.cli import calibrate_domain
+
+    root = compose(["experiment=deepvrm", *extra]).data.root
+    calibrate_domain(dst)
+    write_metrics(dst, measure(dst, root))
     samples = asset("samples", "deepvrm")
     samples.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "summary.json", samples / "comparison.json")
     shutil.copy(out / "summary.md", samples / "comparison.md")
-    root = compose(["experiment=deepvrm", *extra]).data.root
     images = samples / "images"
     shutil.rmtree(images, ignore_errors=True)
     images.mkdir(parents=True)

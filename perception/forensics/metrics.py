@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ALL", "MEAN", "accuracy", "average_precision", "per_generator", "summarise_table"]
+__all__ = ["ALL", "MEAN", "accuracy", "average_precision", "per_generator", "roc_auc", "summarise_table"]
 
 #: Row names that ``per_generator`` adds next to the generators: every image pooled, and the mean over generators.
 ALL = "all"
@@ -68,6 +68,29 @@ def average_precision(prob: np.ndarray, labels: np.ndarray) -> float:
     precision = tp / (tp + fp)
     recall = tp / n_pos
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def roc_auc(prob: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve with fake (label 1) as positive: the probability that a random fake scores above a
+    random real image, ties counting one half (the Mann-Whitney U statistic over the pair count).
+
+    Returns:
+        A float in [0, 1]; ``nan`` when ``labels`` hold a single class (or nothing).
+    """
+    prob, labels = _check(prob, labels)
+    n_pos = int(labels.sum())
+    n_neg = labels.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = np.argsort(prob, kind="mergesort")
+    ranks = np.empty(prob.size, np.float64)
+    sorted_p = prob[order]
+    start = np.r_[0, np.flatnonzero(np.diff(sorted_p)) + 1]
+    end = np.r_[start[1:], prob.size]
+    for a, b in zip(start, end, strict=True):  # tied scores share their mean rank (1-based)
+        ranks[order[a:b]] = (a + b + 1) / 2.0
+    u = ranks[labels == 1].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
 
 
 def _nanmean(values: list[float]) -> float:

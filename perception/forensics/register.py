@@ -1,6 +1,7 @@
 """Registers Deep-VRM (named in pyproject's ``embodied.methods`` entry points)."""
 
 from core.registry import InferSpec, register_method
+from perception.forensics.views import DEFAULT_VIEWS
 
 register_method(
     "deepvrm",
@@ -26,6 +27,10 @@ register_method(
                               "its path; an input that cannot be read (or a video) gets an error line and is "
                               "skipped; the exit code is then 1")),
          ("--batch", dict(type=int, default=32, help="images per forward")),
+         ("--views", dict(type=int, default=DEFAULT_VIEWS, metavar="K",
+                          help="square views per image, drawn like the detector's training crops (sides from the "
+                               "whole centred square down to a quarter of it, area-resized to its input size; 1: "
+                               "the centred square only); P(fake) is the sigmoid of their mean log-odds")),
          ("--no-reason", dict(action="store_true", help="skip generating the reason (faster)"))),
     )],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from torch import nn
 from core.checkpoint import save_checkpoint
 from core.pretrained import PreTrainedModel, read_card
 from core.testing import folder_digest
-from embodied.models import find_models, list_models
+from embodied.models import find_models, format_rows, list_models
 
 REPO = Path(__file__).resolve().parents[2]
 EMBODIED = str(Path(sys.executable).with_name("embodied"))
@@ -85,6 +86,44 @@ def test_every_shipped_checkpoint_is_listed_with_its_card():
         assert r["error"] is None, name
         assert r["method"] == card["method"] and r["parameters"] == card.get("parameters"), name
         assert r["training_domain"] == card["training_domain"], name
+
+
+def _numbers(metrics) -> list[float]:
+    if isinstance(metrics, dict):
+        return [x for v in metrics.values() for x in _numbers(v)]
+    if isinstance(metrics, (int, float)) and not isinstance(metrics, bool):
+        return [float(metrics)]
+    return []
+
+
+def test_every_shipped_checkpoint_states_measured_metrics_or_why_not():
+    rows = list_models([], shipped=True)
+    assert len(rows) >= 12
+    for r in rows:
+        numbers = _numbers(r["metrics"])
+        if not numbers:  # allowed only with a reason on the card, which the listing shows
+            assert r.get("metrics_note"), f"{r['name']}: no measured metrics in its card and no metrics_note"
+            continue
+        assert all(math.isfinite(x) for x in numbers), r["name"]
+        assert "metrics: —" not in format_rows([r]), r["name"]
+
+
+def test_the_metric_writers_keep_the_card_and_a_reexport_keeps_them(tmp_path):
+    from core.pretrained import card_body
+    from driving.automot.card import write_metrics as write_automot
+    from perception.forensics.card import write_metrics as write_deepvrm
+
+    for i, write in enumerate((write_deepvrm, write_automot)):
+        folder = tmp_path / f"m{i}"
+        _Listed(_Cfg(width=4)).save_pretrained(folder, card={"data": "d", "training_domain": "t"}, body="Body.\n")
+        write(folder, {"driving_score_pct": 61.5, "split": "5 scenarios x 5 episodes"})
+        row = list_models([folder], shipped=False)[0]
+        assert row["metrics"] == {"driving_score_pct": 61.5, "split": "5 scenarios x 5 episodes"}
+        assert row["data"] == "d" and row["training_domain"] == "t" and card_body(folder) == "Body.\n"
+        card = {k: v for k, v in read_card(folder).items() if k not in ("method", "model_class", "parameters",
+                                                                          "weights")}
+        _Listed.from_pretrained(folder).save_pretrained(tmp_path / f"again{i}", card=card, body=card_body(folder))
+        assert read_card(tmp_path / f"again{i}")["metrics"] == row["metrics"]
 
 
 def test_the_command_from_a_users_folder_lists_and_never_writes(tmp_path):

@@ -24,6 +24,18 @@ def test_accuracy_known_answers():
     assert math.isnan(M.accuracy([], []))
 
 
+def test_roc_auc_is_the_pairwise_rank_probability_with_ties_as_halves():
+    rng = np.random.default_rng(3)
+    prob = rng.integers(0, 6, 300) / 5.0  # many ties
+    labels = rng.integers(0, 2, 300)
+    pos, neg = prob[labels == 1], prob[labels == 0]
+    pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+    assert M.roc_auc(prob, labels) == pytest.approx(pairs)
+    assert M.roc_auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert M.roc_auc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert math.isnan(M.roc_auc([0.3, 0.4], [1, 1]))
+
+
 def test_average_precision_known_answers():
     labels = np.array([0, 0, 1, 1])
     assert M.average_precision([0.1, 0.2, 0.8, 0.9], labels) == 1.0

@@ -11,6 +11,7 @@ from core import domain
 from core.data.imread import read_square
 from core.pretrained import read_card
 from core.resources import asset
+from perception.forensics.views import DEFAULT_VIEWS
 
 CHECKPOINT = asset("checkpoints", "deepvrm")
 SAMPLES = asset("samples", "deepvrm", "images")
@@ -39,6 +40,9 @@ def test_card_states_the_domain_and_the_check(loaded):
     assert entry["n_calibration"] >= 32 and entry["n_heldout"] >= 32
     assert entry["false_alarm_rate_heldout"] <= 0.1
     assert "pool_crops" in entry["calibration"]
+    # calibrated on what `infer forensics` feeds the model: each image's views, judged by their median distance
+    assert entry["views"] == DEFAULT_VIEWS and "median" in entry["rule"] and "pool_regions" in entry["calibration"]
+    assert "views" in card["training_domain"]
 
 
 def test_shipped_samples_in_domain_and_foreign_images_flagged(loaded):
