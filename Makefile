@@ -112,7 +112,7 @@ test-slow: setup
 bench: setup
 	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common|summary)$$'); do \
 	  echo "== benchmarks.$$b"; OMP_NUM_THREADS=1 $(PY) -m benchmarks.$$b --quick; done
-	$(PY) -m benchmarks.summary
+	$(PY) -m benchmarks.summary --strict
 
 lint: setup
 	$(VENV)/bin/ruff check .

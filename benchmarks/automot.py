@@ -5,7 +5,8 @@ against the cached understanding prefix; only the understanding expert's pass (t
 the front frames and the instruction) is amortised over N steps. So the per-step floor is one ``act`` call
 (``async_n<N>_vs_limit`` -> 1 as N grows), and the saving is bounded by the prefix's share of a synchronous step.
 
-Ratios (same model, same batch, interleaved, best of N; per control step):
+Ratios (same model, same batch, interleaved; per control step; each the median of ``REPEATS`` groups of rounds,
+best of each group):
     async_n2_vs_sync / async_n4_vs_sync   per-step time with the prefix re-encoded every 2 / 4 steps over
                                           re-encoding it every step (N = 1, the synchronous VLA). Lower is better.
     async_n4_vs_limit                     N = 4 over the bare action-expert step.
@@ -16,6 +17,11 @@ Ratios (same model, same batch, interleaved, best of N; per control step):
 
 Model: ``configs/model/automot.yaml`` sizes, random weights (no checkpoint needed); batch 1 (a policy acts for
 one car). ``--quick``: fewer repeats.
+
+Goals: the paper's claim of asynchronous inference, as the workspace measured it when the claim was first
+checked here (``driving/automot/RESULTS.md``: N = 1 / 2 / 4 at 1 / 0.55-0.59 / 0.35-0.37 of the synchronous
+per-step time): ``async_n2_vs_sync <= 0.6`` and ``async_n4_vs_sync <= 0.35``. ``joint_forward_vs_sync <= 1.2``:
+the joint pass and the cached path do the same work.
 """
 
 from __future__ import annotations
@@ -24,7 +30,29 @@ import time
 
 import torch
 
-from benchmarks.common import default_device, interleaved, parse_args, print_table, write_result
+from benchmarks.common import (
+    REPEATS,
+    Goal,
+    collect,
+    default_device,
+    interleaved,
+    parse_args,
+    print_table,
+    split_runs,
+    write_result,
+)
+
+# Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
+GOALS = {
+    "async_n2_vs_sync": Goal("<= 0.6", (
+        "claim: the paper's asynchronous inference, as measured here when first checked (driving/automot/RESULTS.md: "
+        "0.55-0.59)")),
+    "async_n4_vs_sync": Goal("<= 0.35", (
+        "claim: the paper's asynchronous inference, as measured here when first checked (driving/automot/RESULTS.md: "
+        "0.35-0.37)")),
+    "joint_forward_vs_sync": Goal("<= 1.2", "limit: the joint pass does the work of encode_prefix + act"),
+}
+FIGURES_ONLY = ("async_n4_vs_limit", "refiner_vs_coarse")
 
 
 def _model(device: str):
@@ -92,18 +120,23 @@ def main(argv=None) -> None:
 
     fns = {"sync": run(1), "async_n2": run(2), "async_n4": run(4), "limit": limit,
            "sync_refiner": run(1, refine=True), "joint": joint}
-    t = interleaved(fns, warmup=1, repeats=3 if args.quick else 10, device=device)
+    t = interleaved(fns, warmup=1, repeats=REPEATS * (1 if args.quick else 3), device=device)
     ms = {k: 1e3 * v.best / steps for k, v in t.items()}
     print_table([{"path": k, "ms per step": v} for k, v in ms.items()])
-    ratios = {"async_n2_vs_sync": ms["async_n2"] / ms["sync"], "async_n4_vs_sync": ms["async_n4"] / ms["sync"],
-              "async_n4_vs_limit": ms["async_n4"] / ms["limit"], "refiner_vs_coarse": ms["sync_refiner"] / ms["sync"],
-              "joint_forward_vs_sync": ms["joint"] / ms["sync"]}
+
+    def ratios_of(g):
+        b = {k: v.best for k, v in g.items()}
+        return {"async_n2_vs_sync": b["async_n2"] / b["sync"], "async_n4_vs_sync": b["async_n4"] / b["sync"],
+                "async_n4_vs_limit": b["async_n4"] / b["limit"], "refiner_vs_coarse": b["sync_refiner"] / b["sync"],
+                "joint_forward_vs_sync": b["joint"] / b["sync"]}
+
+    ratios = collect([ratios_of(g) for g in split_runs(t)])
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     write_result("automot", f"{device} ({name})" if device.startswith("cuda") else "cpu", args.quick, ratios,
                  {"ms_per_step": ms, "steps": steps, "wall_clock": time.strftime("%Y-%m-%d %H:%M")},
                  {"model": "configs/model/automot.yaml (random weights)", "batch": 1,
                   "u_tokens": int(batch["input_ids"].shape[1]), "refiner_steps": refiner.config.steps},
-                 goals={"async_n4_vs_sync": "<= 0.8", "joint_forward_vs_sync": "<= 1.2"})
+                 goals=GOALS, figures_only=FIGURES_ONLY)
 
 
 if __name__ == "__main__":

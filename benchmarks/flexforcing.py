@@ -36,19 +36,22 @@ frames attending to them, each step needing the previous one's output. The limit
 ``model.dit`` calls on the same shapes (same frames, same prebuilt context caches, random inputs) timed alone;
 everything above it (noise, Euler updates, cache bookkeeping, copying into the output) is sampler overhead.
 
-Ratios (lower is better for all):
-    ``bidirectional_vs_limit``        bidirectional time / its bare DiT passes  (goal <= 1.2)
-    ``ar_cached_vs_recompute_time``   cached AR time / AR recomputing the prefix every pass  (goal <= 0.5)
+Ratios (lower is better for all; each the median of ``REPEATS`` interleaved rounds, ``spread`` beside it):
+    ``bidirectional_vs_limit``        bidirectional time / its bare DiT passes  (goal <= 1.2, the limit plus
+                                      the sampler's bookkeeping)
+    ``ar_cached_vs_recompute_time``   cached AR time / AR recomputing the prefix every pass  (goal <= 0.5, the
+                                      spec's KV cache for AR chunks as first measured here: 0.25, full 0.16)
     ``flex_vs_ar_time_per_frame``     flex s per frame / AR s per frame  (goal <= 1.0: a window of n = T - 2
                                       = 6 frames costs flex 1 + 26 passes (pyramid [6], [3, 3], [2, 1, 2, 1],
                                       six singletons, two steps each), each on at most the window, against
                                       AR's 9 single-frame passes per frame = 54; at these sizes a pass costs
                                       nearly the same whatever its frame count)
     ``flex_vs_bidirectional_time``    flex time / bidirectional time (the price of streaming; no goal)
-    ``flex_vs_bidirectional_first_frame``  time to the first final frame, flex / bidirectional  (goal <= 1.0:
-                                      flex finishes its first chunk after 1 + 8 passes on shrinking chunks,
-                                      before the window is done; bidirectional only after 1 + 8 whole-window
-                                      passes)
+    ``flex_vs_bidirectional_first_frame``  time to the first final frame, flex / bidirectional  (goal <= 0.6:
+                                      the paper's claim that streaming with a global plan shows the first
+                                      frame sooner, as first measured here: 0.51; flex finishes its first chunk
+                                      after 1 + 8 passes on shrinking chunks (6, 3, 2, 1, 1 ... frames),
+                                      bidirectional only after 1 + 8 whole-window passes)
 """
 
 from __future__ import annotations
@@ -59,11 +62,15 @@ import time
 import torch
 
 from benchmarks.common import (
+    REPEATS,
+    Goal,
+    collect,
     default_device,
     interleaved,
     parse_args,
     peak_memory_bytes,
     print_table,
+    split_runs,
     write_result,
 )
 from core.diffusion import euler_step, timestep_grid
@@ -72,6 +79,19 @@ REGIMES = ("bidirectional", "autoregressive", "chunked", "flex")
 CHUNK = 2
 CONTEXT = 2
 CHECK_TOL = 1e-4
+
+# Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
+GOALS = {
+    "bidirectional_vs_limit": Goal("<= 1.2", "limit: the bidirectional sampler's bare DiT passes (docstring)"),
+    "ar_cached_vs_recompute_time": Goal("<= 0.5", (
+        "claim: the spec's KV cache for AR chunks pays; the README's Measured table (0.25 quick, 0.16 full, "
+        "GPU 0.26)")),
+    "flex_vs_ar_time_per_frame": Goal("<= 1.0", "limit: 27 flex passes per window against AR's 54 (docstring)"),
+    "flex_vs_bidirectional_first_frame": Goal("<= 0.6", (
+        "claim: the paper's streaming with a global plan shows the first frame sooner; first measured here at "
+        "0.51")),
+}
+FIGURES_ONLY = ("flex_vs_bidirectional_time",)
 
 
 def build_model(device: str, seed: int = 0, std: float = 0.02):
@@ -183,7 +203,7 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     batch = 2 if args.quick else 4
     num_new = 16 if args.quick else 64
-    repeats = 2 if args.quick else 3
+    repeats = REPEATS  # one round per repeat: each round is seconds of sampling
     model = build_model(device)
     cfg = model.config
     steps = cfg.sample_steps
@@ -234,14 +254,17 @@ def main(argv=None) -> None:
         figures[name] = row
     print_table(rows)
     s = {r["path"]: r["s"] for r in rows}
-    first = {r["path"]: r["first_frame_s"] for r in rows}
-    ratios = {
-        "bidirectional_vs_limit": s["bidirectional"] / s["bidirectional_limit"],
-        "ar_cached_vs_recompute_time": s["autoregressive"] / s["ar_recompute"],
-        "flex_vs_ar_time_per_frame": (s["flex"] / num_new) / (s["autoregressive"] / num_new),
-        "flex_vs_bidirectional_time": s["flex"] / s["bidirectional"],
-        "flex_vs_bidirectional_first_frame": first["flex"] / first["bidirectional"],
-    }
+
+    def ratios_of(g: int, run: dict) -> dict[str, float]:
+        t = {k: v.best for k, v in run.items()}
+        first = {r: gens[r][1 + g].first_frame_s for r in ("flex", "bidirectional")}  # gens[r][0]: the warm-up
+        return {"bidirectional_vs_limit": t["bidirectional"] / t["bidirectional_limit"],
+                "ar_cached_vs_recompute_time": t["autoregressive"] / t["ar_recompute"],
+                "flex_vs_ar_time_per_frame": (t["flex"] / num_new) / (t["autoregressive"] / num_new),
+                "flex_vs_bidirectional_time": t["flex"] / t["bidirectional"],
+                "flex_vs_bidirectional_first_frame": first["flex"] / first["bidirectional"]}
+
+    ratios = collect([ratios_of(g, run) for g, run in enumerate(split_runs(times))])
     figures.update({
         "no_cache_vs_cached_max_abs_diff": check,
         "no_cache_matches_cached": check <= CHECK_TOL,
@@ -249,7 +272,7 @@ def main(argv=None) -> None:
         "first_frame_s_median": {r: statistics.median(g.first_frame_s for g in gens[r][1:]) for r in REGIMES},
         "memory_method": "max_memory_allocated above the start on CUDA; peak RSS over one call (VmHWM after "
                          "clear_refs + malloc_trim) on CPU",
-        "timing": "best of N, functions interleaved round-robin",
+        "timing": "functions interleaved round-robin; ratios per round, median of the rounds",
         "threads": torch.get_num_threads(),
         "wall_s": round(time.perf_counter() - t_start, 1),
     })
@@ -264,8 +287,7 @@ def main(argv=None) -> None:
                   "latent": [cfg.latent_channels, *cfg.latent_hw], "patch": cfg.patch,
                   "pyramid_levels": cfg.pyramid_levels, "k_projection": cfg.k_projection,
                   "repeats": repeats, "dtype": "float32"},
-                 goals={"bidirectional_vs_limit": "<= 1.2", "ar_cached_vs_recompute_time": "<= 0.5",
-                        "flex_vs_ar_time_per_frame": "<= 1.0", "flex_vs_bidirectional_first_frame": "<= 1.0"})
+                 goals=GOALS, figures_only=FIGURES_ONLY)
 
 
 if __name__ == "__main__":

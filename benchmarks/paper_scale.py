@@ -72,6 +72,10 @@ PEAK_BF16_TFLOPS = {
     "L40S": 362.0, "L40": 181.0, "L4": 121.0, "RTX 4090": 165.0, "RTX 3090": 71.0,
 }
 
+# Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
+GOALS: dict = {}  # none: these ratios describe the cost, nothing claims a number for them
+FIGURES_ONLY = ("*_infer_vs_train_time", "*_train_mfu")
+
 
 def peak_flops(device: str) -> tuple[float | None, str]:
     """(dense bf16 peak in FLOP/s or None, where it came from) for ``device``."""
@@ -824,7 +828,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                "wall_clock": time.strftime("%Y-%m-%d %H:%M")}
     config = {"methods": [r["method"] for r in merged], "tiny": args.tiny, "dtype": dtype,
               "optimizer": "core.trainer.build_optimizer(TrainerConfig()) (AdamW)", "torch": torch.__version__}
-    write_result(args.out.stem, dev_name, args.tiny, ratios, figures, config, results_dir=args.out.parent)
+    write_result(args.out.stem, dev_name, args.tiny, ratios, figures, config, results_dir=args.out.parent,
+                 goals=GOALS, figures_only=FIGURES_ONLY)
 
 
 if __name__ == "__main__":

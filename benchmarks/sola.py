@@ -51,12 +51,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.common import (
+    Goal,
     default_device,
     interleaved,
     parse_args,
     peak_memory_bytes,
     precision,
     print_table,
+    repeated_main,
     write_result,
 )
 from perception.spherical.attention import (
@@ -71,6 +73,22 @@ from perception.spherical.attention import (
 )
 
 EPS = 1e-6
+
+# Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
+GOALS = {
+    "linear_vs_gather_time": Goal("<= 2", (
+        "anchor: the README's Measured table (CPU 0.25; GPU 1.45 at K = 37); the folded-weight rewrite "
+        "took it from 2.5-2.7")),
+    "linear_vs_gather_memory": Goal("<= 0.5", (
+        "claim: spec sola.md, aggregation instead of the explicit gather saves memory; the README's "
+        "Measured table (0.20)")),
+    "linear_vs_gather_memory_tensors": Goal("<= 0.5", "claim: the same, on tensor bytes alone"),
+    "linear_vs_limit": Goal("<= 1.5", "limit: the per-head CSR products alone (docstring)"),
+}
+FIGURES_ONLY = (
+    "linear_vs_gather_train_time", "linear_vs_gather_train_memory", "softmax_vs_gather_time",
+    "linear_time_growth_k", "gather_time_growth_k",
+)
 
 
 class _PeakMemory(TorchDispatchMode):
@@ -326,8 +344,6 @@ def main() -> None:
         "linear_time_growth_k": same_n[-1]["linear_ms"] / same_n[0]["linear_ms"],
         "gather_time_growth_k": same_n[-1]["gather_ms"] / same_n[0]["gather_ms"],
     }
-    goals = {"linear_vs_gather_time": "<= 2", "linear_vs_gather_memory": "<= 0.5",
-             "linear_vs_gather_memory_tensors": "<= 0.5", "linear_vs_limit": "<= 1.5"}
     dev_name = device if not device.startswith("cuda") else f"cuda ({torch.cuda.get_device_name()})"
     per_edge = {"linear_folded": d * d + d, "linear_lifted_before": 4 * d * d + 4 * d, "gather_lifted": 5 * d}
     write_result("sola", dev_name, args.quick, ratios,
@@ -338,8 +354,8 @@ def main() -> None:
                   "threads": torch.get_num_threads()},
                  {"levels": levels, "rings": rings, "heads": heads, "head_dim": d, "batch": 1,
                   "repeats": repeats},
-                 goals=goals)
+                 goals=GOALS, figures_only=FIGURES_ONLY)
 
 
 if __name__ == "__main__":
-    main()
+    repeated_main(main)

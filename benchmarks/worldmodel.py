@@ -33,10 +33,12 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 import torch  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
+    Goal,
     default_device,
     interleaved,
     parse_args,
     print_table,
+    repeated_main,
     timeit,
     write_result,
 )
@@ -44,6 +46,15 @@ from core.bootstrap import prepare_process  # noqa: E402
 from core.resources import asset  # noqa: E402
 
 ASSET = asset("checkpoints", "lacwm")
+
+# Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
+GOALS = {
+    "imagine_vs_limit": Goal("<= 1.10", (
+        "limit: the bare model passes of the imagined rollout (docstring); README GPU table (1.02)")),
+    "imagined_vs_sim_frames": Goal(">= 1", (
+        "claim: imagining frames is cheaper than simulating them; the README's Measured table (73 / 80)")),
+}
+FIGURES_ONLY = ("planning_decisions_per_s", "decision_vs_sim_step")
 
 
 def _model(device: str):
@@ -130,7 +141,7 @@ def main() -> None:
                          "imagine_vs_limit": t_lim["imagine"].best / t_lim["limit"].best,
                          **({"imagined_vs_sim_frames": imagined_fps / sim_fps, "decision_vs_sim_step": t_dec * sim_fps}
                             if sim_fps else {})},
-                 goals={"imagine_vs_limit": "<= 1.10", **({"imagined_vs_sim_frames": ">= 1"} if sim_fps else {})},
+                 goals=GOALS, figures_only=FIGURES_ONLY,
                  figures={"imagined_fps": imagined_fps, "sim_fps": sim_fps, "decision_s": t_dec,
                           "imagine_best_s": t_lim["imagine"].best, "limit_best_s": t_lim["limit"].best,
                           "model_params": int(sum(p.numel() for p in model.parameters()))},
@@ -139,4 +150,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    repeated_main(main)

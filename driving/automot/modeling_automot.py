@@ -18,6 +18,10 @@ equal). The ``noreason`` arm has no VLM: D+P alone, positions from 0, standard R
 
 Asynchronous inference: ``encode_prefix`` runs U once and keeps every layer's keys / values (after RoPE);
 ``act`` runs D+P against them without writing to them, so the prefix can be refreshed every N control steps.
+What every ``act`` on one prefix shares is built once, at its first ``act`` (``_ActState``): the action rows'
+mask (as SDPA's additive float mask), D+P's rotary tables, and per layer a key / value buffer holding the
+prefix already expanded to the query heads, whose tail each ``act`` overwrites with D+P's keys / values
+(instead of concatenating and repeating the whole prefix per layer per step). Same numbers as the joint pass.
 
 Heads (on the action expert's final-RMSNorm outputs):
 
@@ -44,8 +48,9 @@ a camera/LiDAR BEV encoder; the diffusion action refiner is not part of this mod
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +133,32 @@ class PrefixCache:
     key_padding: torch.Tensor
     next_position: torch.Tensor
     hidden: torch.Tensor
+    _act: dict[Any, _ActState] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def length(self) -> int:
         return int(self.key_padding.shape[1])
+
+
+@dataclass
+class _ActState:
+    """What every ``act`` on one prefix shares (built at the first; La = D+P tokens, L = the prefix's length).
+
+    Attributes:
+        mask: (B, 1, La, L + La) float, 0 where a D+P query may attend and -inf elsewhere (SDPA's additive form
+            of ``block_mask``'s action rows: the same numbers as the boolean mask).
+        cos / sin: (B, La, head_dim) D+P's rotary tables.
+        keys / values: Per layer (B, n_kv_heads, rep, L + La, head_dim), rep = heads / kv heads: the prefix's
+            keys / values repeated for the query heads in ``[..., :L, :]``; ``act`` writes D+P's in the tail.
+        made_from: The prefix tensors these were built from (rebuilt when any of them is replaced).
+    """
+
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    made_from: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -165,10 +192,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # x * rsqrt(mean(x^2) + eps) in float32, fused (one op instead of six; the same bits on CPU)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class ExpertAttention(nn.Module):
@@ -276,8 +301,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return out.transpose(1, 2).flatten(2)
 
 
+@functools.lru_cache(maxsize=8)
 def _sincos_2d(h: int, w: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Fixed 2-D sine-cosine embedding of an (h, w) token grid -> (h * w, dim), row-major."""
+    """Fixed 2-D sine-cosine embedding of an (h, w) token grid -> (h * w, dim), row-major (built once per grid,
+    device and dtype; callers only read it)."""
     quarter = dim // 4
     omega = 1.0 / (10000.0 ** (torch.arange(quarter, device=device, dtype=torch.float) / max(quarter, 1)))
     ys, xs = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float),
@@ -614,13 +641,45 @@ class AutoMoT(nn.Module):
                              f"layers; the batch has {b} samples and the model {self.num_layers} layers")
         a, plan = self._action_tokens(batch)
         a = a.to(prefix.keys[0].dtype)
-        n_u = prefix.length
-        pad = torch.cat([prefix.key_padding,
-                         torch.zeros(b, a.shape[1], dtype=torch.bool, device=a.device)], dim=1)
-        mask = block_mask([n_u, self.cfg.n_reason, sum(plan)], ["causal", "full", "full"], key_padding=pad)
-        mask = mask[:, None, n_u:]  # (B, 1, La, L + La): the action rows only
-        _, h_a, _, _ = self._stack(mask, a=(a, *self._action_rope(a, prefix.next_position)), cached=prefix)
+        st = self._act_state(prefix, a, plan)
+        n_u, h_a = prefix.length, a
+        for i, layer in enumerate(self.layers):
+            q, k, v = _project(layer, h_a, st.cos, st.sin, self.head_dim)  # q (B, H, La, hd), k / v (B, KV, La, hd)
+            kb, vb = st.keys[i], st.values[i]
+            kb[:, :, :, n_u:] = k[:, :, None]  # the tail of (B, KV, rep, L + La, hd): GQA's repeat, in place
+            vb[:, :, :, n_u:] = v[:, :, None]
+            out = F.scaled_dot_product_attention(q, kb.flatten(1, 2), vb.flatten(1, 2), attn_mask=st.mask,
+                                                 scale=q.shape[-1] ** -0.5)
+            h_a = _finish(layer, h_a, out.transpose(1, 2).flatten(2))
         return self._heads(h_a, plan, prefix.hidden)
+
+    def _act_state(self, prefix: PrefixCache, a: torch.Tensor, plan: list[int]) -> _ActState:
+        """The ``_ActState`` of ``prefix`` for D+P tokens ``a`` (B, La, d): built once, then reused while the
+        prefix's tensors, La, dtype and device stay the same."""
+        made_from = (prefix.key_padding, prefix.next_position, *prefix.keys, *prefix.values)
+        key = (tuple(plan), a.shape[0], a.dtype, a.device)
+        st = prefix._act.get(key)
+        if st is not None and len(st.made_from) == len(made_from) \
+                and all(x is y for x, y in zip(st.made_from, made_from, strict=True)):
+            return st
+        b, n_u, n_a = a.shape[0], prefix.length, a.shape[1]
+        pad = torch.cat([prefix.key_padding, torch.zeros(b, n_a, dtype=torch.bool, device=a.device)], dim=1)
+        allowed = block_mask([n_u, self.cfg.n_reason, sum(plan)], ["causal", "full", "full"], key_padding=pad)
+        allowed = allowed[:, None, n_u:]  # (B, 1, La, L + La): the action rows only
+        mask = torch.zeros(allowed.shape, dtype=a.dtype, device=a.device).masked_fill_(~allowed, float("-inf"))
+        cos, sin = self._action_rope(a, prefix.next_position)
+        rep = self.num_heads // self.num_kv_heads
+        keys, values = [], []
+        for k, v in zip(prefix.keys, prefix.values, strict=True):
+            kb = k.new_empty(b, k.shape[1], rep, n_u + n_a, k.shape[-1])
+            vb = v.new_empty(b, v.shape[1], rep, n_u + n_a, v.shape[-1])
+            kb[:, :, :, :n_u] = k[:, :, None]
+            vb[:, :, :, :n_u] = v[:, :, None]
+            keys.append(kb)
+            values.append(vb)
+        prefix._act.clear()  # one state per prefix: a new La / dtype replaces the old one
+        st = prefix._act[key] = _ActState(mask, cos, sin, keys, values, made_from)
+        return st
 
     def loss(self, out: AutoMoTOutput, targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """CE(meta-action), L1(route), wp_weights-weighted L1 on the cumulative waypoints, smooth-L1(speed).

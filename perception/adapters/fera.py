@@ -153,6 +153,7 @@ class FeRARouter(nn.Module):
         self.fixed: torch.Tensor | None = None  # (E,) when routing is frozen
         self.enabled = True
         self.calls = 0  # how many times routing weights were computed (tests count one per forward)
+        self._expanded: tuple[torch.Tensor, torch.dtype, torch.Tensor] | None = None  # see ``expanded``
         # what "auto" reads a 5-D latent's layout from (apply_fera sets them from the adapted model)
         self.in_channels: int | None = None
         self.default_layout = "ntchw"
@@ -199,6 +200,17 @@ class FeRARouter(nn.Module):
         energies = energies.view(n, -1, energies.shape[-1]).mean(1)  # a video's frames share one routing
         logits = self.mlp(energies.to(self.mlp[0].weight.dtype))
         return torch.softmax(logits / self.config.temperature, dim=-1).to(latent.dtype)
+
+    def expanded(self, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``weights`` (N, E) as ``(N, E * rank)`` in ``dtype`` (each expert's weight repeated over its ranks),
+        built once per routing and shared by every adapted layer of the forward (one node in the graph, not
+        one per layer)."""
+        cached = self._expanded
+        if cached is not None and cached[0] is weights and cached[1] == dtype:
+            return cached[2]
+        rr = weights.to(dtype).repeat_interleave(self.config.rank, dim=1)
+        self._expanded = (weights, dtype, rr)
+        return rr
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if not self.enabled:
@@ -258,7 +270,7 @@ class FeRALinear(nn.Module):
         if x.shape[0] != weights.shape[0]:
             raise ValueError(f"FeRA layer: input batch {x.shape[0]} differs from the routed batch "
                              f"{weights.shape[0]} (the layer must see the model's batch as its first dim)")
-        rr = weights.to(x.dtype).repeat_interleave(self.rank, dim=1)  # (N, E*r)
+        rr = router.expanded(weights, x.dtype)  # (N, E*r)
         rr = rr.view(rr.shape[0], *([1] * (x.dim() - 2)), rr.shape[1])
         h = nn.functional.linear(x, self.lora_A) * rr
         return y + self.scale * nn.functional.linear(h, self.lora_B)

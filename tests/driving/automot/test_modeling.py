@@ -199,6 +199,34 @@ def test_act_with_the_prefix_cache_equals_the_joint_forward(tok, family):
     assert not torch.allclose(other.waypoints, full.waypoints, atol=1e-4)
 
 
+def test_act_builds_its_shared_state_once_and_equals_the_uncached_stack(tok):
+    """act's per-prefix state (mask, rotary tables, head-expanded key / value buffers) is built at the first act,
+    reused by the next ones, rebuilt when the prefix's tensors change, and gives the uncached path's numbers
+    bit for bit (the joint stack over the prefix with the boolean block mask, keys concatenated per layer)."""
+    vcfg, model = tiny_model(tok)
+    batch = make_batch(tok, vcfg)
+    with torch.no_grad():
+        prefix = model.encode_prefix(batch)
+        first = model.act(prefix, batch)
+        state = next(iter(prefix._act.values()))
+        again = model.act(prefix, batch)
+        assert len(prefix._act) == 1 and next(iter(prefix._act.values())) is state  # reused, not rebuilt
+        a, plan = model._action_tokens(batch)
+        n_u = prefix.length
+        pad = torch.cat([prefix.key_padding, torch.zeros(a.shape[0], a.shape[1], dtype=torch.bool)], dim=1)
+        mask = block_mask([n_u, model.cfg.n_reason, sum(plan)], ["causal", "full", "full"], key_padding=pad)
+        _, h_a, _, _ = model._stack(mask[:, None, n_u:], a=(a, *model._action_rope(a, prefix.next_position)),
+                                    cached=prefix)
+        ref = model._heads(h_a, plan, prefix.hidden)
+        for name in HEADS:
+            assert torch.equal(getattr(first, name), getattr(ref, name)), name
+            assert torch.equal(getattr(again, name), getattr(ref, name)), name
+        moved = copy.copy(prefix)
+        moved.next_position = prefix.next_position + 3  # a replaced tensor: the state is rebuilt for it
+        assert not torch.equal(model.act(moved, batch).waypoints, ref.waypoints)
+        assert torch.equal(model.act(prefix, batch).waypoints, ref.waypoints)
+
+
 def test_noreason_arm_runs_without_a_vlm(tok):
     cfg = tiny_cfg(use_understanding=False, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                    meta_action_token_ids=[])

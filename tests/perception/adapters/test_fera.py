@@ -133,6 +133,29 @@ def test_zero_up_projections_equal_base_exactly_and_router_runs_once(make):
     assert trainable and all(n.endswith(("lora_A", "lora_B")) or n.startswith("fera_router.") for n in trainable)
 
 
+def test_routing_is_expanded_once_per_forward_and_layers_equal_the_per_layer_formula():
+    """Every adapted layer reads the same (N, E * r) expansion of the forward's routing (built once), and its
+    output equals the per-layer formula W x + scale * B ((A x) * repeat(routing, r)) bit for bit."""
+    model = tiny_dit()
+    apply_fera(model, FeRAConfig(**CFG))
+    randomise(model)
+    router = router_of(model)
+    seen = []
+    for _, layer in fera_layers(model):
+        def hook(mod, args, out, _seen=seen):
+            x = args[0]
+            w = router.weights.repeat_interleave(mod.rank, dim=1).view(x.shape[0], *([1] * (x.dim() - 2)), -1)
+            ref = mod.base_layer(x) + mod.scale * torch.nn.functional.linear(
+                torch.nn.functional.linear(x, mod.lora_A) * w, mod.lora_B)
+            _seen.append((torch.equal(out, ref), id(router._expanded[2])))
+        layer.register_forward_hook(hook)
+    run(model, torch.randn(2, 3, 16, 16)).sum().backward()
+    assert len(seen) >= 8 and all(ok for ok, _ in seen)
+    assert len({i for _, i in seen}) == 1  # one expansion shared by all layers
+    assert router._expanded[0] is router.weights
+    assert all(p.grad is not None for p in router.parameters())  # gradient reaches the router through it
+
+
 def test_training_moves_experts_and_router_and_disable_gives_base():
     model = tiny_unet()
     x = torch.randn(2, 3, 16, 16)
