@@ -10,7 +10,11 @@ length is generated in constant memory.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+
+_IDS = itertools.count()
 
 __all__ = ["KVCache"]
 
@@ -29,6 +33,14 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.token_frames: torch.Tensor | None = None  # (M,) long: frame index of each cached token
         self.positions: torch.Tensor | None = None  # (M, P): position of each cached token
+        # ``(uid, version)`` names the cache's current contents: every change bumps ``version``, so a caller may
+        # memoise what it derives from them (e.g. rotary tables of the cached positions) under this key
+        self.uid, self.version = next(_IDS), 0
+
+    @property
+    def state(self) -> tuple[int, int]:
+        """``(uid, version)``: equal for two calls iff the cached tokens did not change in between."""
+        return self.uid, self.version
 
     def __len__(self) -> int:
         """Number of cached frames."""
@@ -70,6 +82,7 @@ class KVCache:
         self.token_frames = (tf if self.token_frames is None
                              else torch.cat([self.token_frames, tf.to(self.token_frames.device)]))
         self.positions = pos if self.positions is None else torch.cat([self.positions, pos.to(self.positions.device)])
+        self.version += 1
 
     def _keep(self, keep: torch.Tensor) -> None:
         if bool(keep.all()):
@@ -79,6 +92,7 @@ class KVCache:
             self.keys[i] = self.keys[i].index_select(2, idx.to(self.keys[i].device))
             self.values[i] = self.values[i].index_select(2, idx.to(self.values[i].device))
         self.token_frames, self.positions = self.token_frames[keep], self.positions[keep.to(self.positions.device)]
+        self.version += 1
         if self.token_frames.numel() == 0:
             self.clear()
 
@@ -104,3 +118,4 @@ class KVCache:
         self.keys = [None] * self.num_layers
         self.values = [None] * self.num_layers
         self.token_frames = self.positions = None
+        self.version += 1

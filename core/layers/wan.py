@@ -256,7 +256,7 @@ class ChunkCausalWanProcessor:
         if st.kv_out is not None:
             st.kv_out[self.layer] = (k, v)
         ctx = [c.get(self.layer) for c in st.caches]
-        ck = torch.cat([c[0] for c in ctx], 2).to(k.dtype) if ctx else None
+        ck = (ctx[0][0] if len(ctx) == 1 else torch.cat([c[0] for c in ctx], 2)).to(k.dtype) if ctx else None
         vals = torch.cat([c[1].to(v.dtype) for c in ctx] + [v], 2) if ctx else v
         qr = _rotate(q, *st.rope_q)
         if not st.chunk_emb:  # one pass over all queries: full attention, or the chunk-causal mask
@@ -322,6 +322,7 @@ class CausalWan(nn.Module):
             block.attn1.set_processor(ChunkCausalWanProcessor(i))
         rope = transformer.rope
         self._rope_dims = (rope.t_dim, rope.h_dim, rope.w_dim)
+        self._rope_memo: dict = {}  # (cache states, frame origin, device) -> the cached tokens' rotary tables
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -461,7 +462,15 @@ class CausalWan(nn.Module):
         pos_ctx = torch.cat([cc.positions.to(dev) for cc in ctx]) if ctx else pos[:0]
         origin = int(torch.cat([pos[:, 0], pos_ctx[:, 0]]).min())
         rope_q = self.rotary(pos, origin)
-        rope_k = self.rotary(torch.cat([pos_ctx, pos]), origin) if ctx else rope_q
+        if ctx:  # the cached tokens' tables are the same for every pass until a cache changes (a frame's steps)
+            key = (tuple(cc.state for cc in ctx), origin, str(dev))
+            cached = self._rope_memo.get(key)
+            if cached is None:
+                cached = self.rotary(pos_ctx, origin)
+                self._rope_memo = {key: cached}  # one entry: the caches of the current frame
+            rope_k = (torch.cat([cached[0], rope_q[0]]), torch.cat([cached[1], rope_q[1]]))
+        else:
+            rope_k = rope_q
         state = _PassState(rope_q, rope_k, ctx, kv_out={} if return_kv else None, owner=self)
         uniq = [0] if chunks is None else torch.unique(chunks).tolist()
         m = sum(cc.num_tokens for cc in ctx)

@@ -253,3 +253,33 @@ def test_bad_folders_and_unsupported_wan_variants_are_one_line_errors(tmp_path):
 
 def test_wan21_1_3b_on_the_meta_device_has_the_papers_size():
     assert wan_parameter_count(WAN21_1_3B) == 1_418_996_800  # Wan2.1-T2V-1.3B: 1.42 B
+
+
+@pytest.mark.parametrize("k_projection", [False, True])
+def test_the_cached_tokens_rotary_tables_are_reused_only_while_the_cache_is_unchanged(k_projection):
+    """A frame's Euler steps reuse the cached tokens' tables (memoised per cache state); the output is the same
+    bits as a model without the memo, and any change of the cache (extend, roll, clear) rebuilds them."""
+    m = _model(k_projection)
+    x, _ = _x(b=1, f=4)
+    cache = KVCache(len(m.blocks))
+    _fill(m, cache, x[:, :2], torch.zeros(1, 2), torch.arange(2))
+    t = torch.full((1, 1), 0.5)
+    calls = []
+    real = m.rotary
+    m.rotary = lambda pos, origin=0: (calls.append(len(pos)), real(pos, origin))[1]
+    with torch.no_grad():
+        a = m(x[:, 2:3], t, torch.tensor([2]), caches=[cache])
+        b = m(x[:, 2:3], t * 0.5, torch.tensor([2]), caches=[cache])  # the next Euler step: tables reused
+        n_cached = cache.num_tokens
+        assert calls.count(n_cached) == 1 and len(calls) == 3  # cached tables once; the new frame's each pass
+        m._rope_memo.clear()
+        a2 = m(x[:, 2:3], t, torch.tensor([2]), caches=[cache])
+    assert torch.equal(a, a2) and not torch.equal(a, b)
+    state = cache.state
+    _fill(m, cache, x[:, 2:3], torch.zeros(1, 1), torch.tensor([2]))
+    assert cache.state != state  # extended: a new key, the old tables are not used for the longer cache
+    with torch.no_grad():
+        m(x[:, 3:4], t, torch.tensor([3]), caches=[cache])
+    assert calls[-1] == cache.num_tokens  # the longer cache's tables, built anew
+    cache.roll(2)
+    assert cache.state[1] > state[1] + 1
