@@ -6,8 +6,9 @@ every row drives the same episode seeds (episode ``j`` of every scenario uses ``
 paired. A row whose ``summary.json`` exists is not run again: rerun the command to resume after a kill.
 ``OUT/leaderboard.md`` / ``leaderboard.json`` hold, per row, over all its episodes:
 
-    DS, PDMS, EPDMS, efficiency, comfortness  mean and 95 % interval (1.96 standard errors over episodes; PDMS /
-                                              EPDMS: the per-scene score, its interval from the episodes' means)
+    DS, efficiency, comfortness               mean over episodes and 95 % interval (1.96 standard errors)
+    PDMS, EPDMS                               mean over scenes (as NAVSIM defines them) and 95 % interval (1.96
+                                              cluster-robust standard errors, episodes as clusters)
     SR                                        share of episodes, Wilson 95 % interval (``core.metrics``)
     latency                                   the policy's time per control step, p50 / p99 [ms]
     abilities                                 Bench2Drive's per-ability success (``sim.driving.metrics.ABILITIES``)
@@ -74,17 +75,39 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def scene_mean_interval(episodes: Sequence[Mapping[str, Any]], key: str) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` of a per-scene score (``pdms`` / ``epdms``) over every scene of ``episodes``.
+
+    The mean is over scenes (as the score is defined); scenes of one episode are not independent, so the interval is
+    the ratio estimator's: 1.96 cluster-robust standard errors with the episodes as clusters,
+    ``sqrt(sum_e (S_e - m n_e)^2 * E / (E - 1)) / sum_e n_e`` (``S_e``: the episode's scene scores summed, ``n_e``
+    its scene count, ``E`` episodes).
+    """
+    sums = np.array([sum(float(s[key]) for s in e.get("scenes") or ()) for e in episodes])
+    counts = np.array([len(e.get("scenes") or ()) for e in episodes], dtype=np.float64)
+    if counts.sum() == 0:
+        return float("nan"), float("nan"), float("nan")
+    m = float(sums.sum() / counts.sum())
+    k = len(episodes)
+    if k < 2:
+        return m, m, m
+    half = 1.96 * math.sqrt(float(((sums - m * counts) ** 2).sum()) * k / (k - 1)) / float(counts.sum())
+    return m, m - half, m + half
+
+
 def row_figures(summary: Mapping[str, Any], episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One row's figures from its ``summary.json`` and episode rows (``<scenario>/episodes.jsonl``)."""
     from core.metrics import wilson_interval
 
-    overall = summary["overall"]
     out: dict[str, Any] = {"episodes": len(episodes)}
     for key in ("driving_score", "efficiency", "comfortness", "pdms", "epdms"):
-        m, lo, hi = mean_interval([e.get(key) for e in episodes])
+        if key in ("pdms", "epdms"):  # per scene, then averaged: summary.json's overall figure
+            m, lo, hi = scene_mean_interval(episodes, key)
+        else:
+            m, lo, hi = mean_interval([e.get(key) for e in episodes])
         if key != "efficiency":  # scores in [0, 1]; efficiency is a speed ratio, unbounded above
             lo, hi = max(lo, 0.0), min(hi, 1.0)
-        out[key] = {"mean": overall.get(key, m) if key in ("pdms", "epdms") else m, "lo": lo, "hi": hi}
+        out[key] = {"mean": m, "lo": lo, "hi": hi}
     k = sum(bool(e["success"]) for e in episodes)
     lo, hi = wilson_interval(k, len(episodes))
     out["success_rate"] = {"mean": k / len(episodes) if episodes else float("nan"), "lo": lo, "hi": hi}
@@ -114,9 +137,10 @@ def table(rows: Mapping[str, Mapping[str, Any]], episodes: int, seed: int) -> st
     """``leaderboard.md``: the policy x score table, then the policies' Bench2Drive abilities."""
     lines = [f"# Closed-loop driving leaderboard: {episodes} episodes per scenario, seeds {seed}..{seed + episodes - 1} "
              "(paired: every row drives the same episodes)", "",
-             "Scores in % with 95 % intervals (DS, PDMS, EPDMS, efficiency, comfortness: 1.96 standard errors over "
-             "episodes; SR: Wilson). PDMS / EPDMS are NAVSIM's scores of each 4 s scene, averaged over scenes "
-             "(sim/driving/pdm.py); latency is the policy's time per control step on this machine.", "",
+             "Scores in % with 95 % intervals (DS, efficiency, comfortness: 1.96 standard errors over episodes; SR: "
+             "Wilson; PDMS / EPDMS: NAVSIM's scores of each 4 s scene averaged over scenes, 1.96 cluster-robust "
+             "standard errors with episodes as clusters; sim/driving/pdm.py); latency is the policy's time per "
+             "control step on this machine.", "",
              "| policy | " + " | ".join(COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
     for name, r in rows.items():
         lat = r["latency_ms"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from core.errors import ConfigError
-from driving.leaderboard import mean_interval, parse_row, run_leaderboard
+from driving.leaderboard import mean_interval, parse_row, run_leaderboard, scene_mean_interval
 from embodied.cli import main
 
 
@@ -21,6 +21,11 @@ def test_rows_and_intervals():
     m, lo, hi = mean_interval([0.0, 1.0, 0.0, 1.0])
     assert m == 0.5 and hi - m == pytest.approx(1.96 * (1 / 3) ** 0.5 / 2)
     assert mean_interval([0.3]) == (0.3, 0.3, 0.3) and mean_interval([float("nan"), None, 0.2])[0] == 0.2
+    # per scene: 3 scenes of 1.0 and 1 scene of 0.0 -> 0.75, not the mean of the episodes' means (0.5)
+    eps = [{"scenes": [{"pdms": 1.0}] * 3}, {"scenes": [{"pdms": 0.0}]}]
+    m, lo, hi = scene_mean_interval(eps, "pdms")
+    assert m == 0.75 and lo < m < hi
+    assert hi - m == pytest.approx(1.96 * ((3 - 0.75 * 3) ** 2 + (0 - 0.75) ** 2) ** 0.5 * 2 ** 0.5 / 4)
 
 
 def test_a_leaderboard_is_paired_resumable_and_complete(tmp_path):

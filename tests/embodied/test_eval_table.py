@@ -186,13 +186,15 @@ def test_driving_scores_are_percent_in_every_table_and_fractions_in_the_json():
 
     agg = {"episodes": 4, "driving_score": 0.6612, "success_rate": 0.5, "collision_rate": 0.25, "offroad_rate": 0.0,
            "timeout_rate": 0.25, "failure_rate": 0.0, "progress_m": 120.0, "route_completion": 0.8,
-           "comfort_rate": 1.0, "mean_abs_jerk_mps3": 1.5, "mean_abs_lat_acc_mps2": 0.5, "mean_speed_mps": 12.0}
+           "comfort_rate": 1.0, "mean_abs_jerk_mps3": 1.5, "mean_abs_lat_acc_mps2": 0.5, "mean_speed_mps": 12.0,
+           "pdms": 0.8123, "epdms": 0.85, "efficiency": 1.1, "comfortness": 0.9}
     report = {"policy": "idm", "seed": 0, "n_episodes": 4, "scenarios": {"highway": {"aggregate": agg}},
               "aggregate": agg}
     table = stdout_table(report).splitlines()
     titles = [h.strip() for h in table[0].split("  ") if h.strip()]  # titles hold single spaces
     row = dict(zip(titles, table[2].split(), strict=True))
     assert row["DS %"] == "66.1" and row["SR %"] == "50" and row["collision %"] == "25"
-    assert row["route compl. %"] == "80.0" and row["progress m"] == "120.0"
+    assert row["route compl. %"] == "80.0" and row["PDMS %"] == "81.2" and row["EPDMS %"] == "85.0"
+    assert row["efficiency %"] == "110" and row["comfortness %"] == "90" and row["latency p50 ms"] == "—"
     assert "| highway | 4 | 66.1 | 50 | 25 |" in markdown_summary(report)
     assert {c for c, _, _, s in SUMMARY_COLUMNS if s != 1} == {c for c, _, _, _ in SUMMARY_COLUMNS if "%" in c}

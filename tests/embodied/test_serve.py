@@ -224,7 +224,7 @@ def test_drive_eval_against_served_automot_equals_in_process_and_sigterm_exits_0
             assert r.returncode == 0, r.stderr[-2000:]
             head = next(line for line in r.stdout.splitlines() if line.startswith("scenario"))
             lat = next(line for line in r.stdout.splitlines() if line.startswith("highway")).split()
-            assert head.split()[-4:] == ["latency", "p50", "ms", "p99"] and float(lat[-2]) > 0  # latency beside DS
+            assert head.split()[-5:] == ["latency", "p50", "ms", "p99", "ms"] and float(lat[-2]) > 0  # beside DS
         rows = {out: [json.loads(x) for x in (tmp_path / out / "highway" / "episodes.jsonl").read_text().splitlines()]
                 for out in ("served", "local")}
         for a, b in zip(rows["served"], rows["local"], strict=True):
