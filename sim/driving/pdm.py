@@ -96,22 +96,23 @@ def box_corners(boxes: np.ndarray) -> np.ndarray:
 
 def boxes_overlap(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     """(M,) bool: whether oriented box ``box`` (5,) overlaps each of ``others`` (M, 5) (separating-axis test)."""
-    a = box_corners(np.asarray(box)[None])[0]  # (4, 2)
-    b = box_corners(others)  # (M, 4, 2)
+    others = np.asarray(others, dtype=np.float64).reshape(-1, 5)
+    return pairs_overlap(np.broadcast_to(np.asarray(box, dtype=np.float64), others.shape), others)
+
+
+def pairs_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(M,) bool: whether box ``a[i]`` overlaps box ``b[i]``, both (M, 5) (separating-axis test, vectorised)."""
     if not len(b):
         return np.zeros(0, dtype=bool)
-    axes = [a[1] - a[0], a[3] - a[0]]
+    ca, cb = box_corners(a), box_corners(b)  # (M, 4, 2)
     overlap = np.ones(len(b), dtype=bool)
-    for axis in axes:
-        axis = axis / (np.linalg.norm(axis) + 1e-12)
-        pa, pb = a @ axis, b @ axis
-        overlap &= (pb.max(1) >= pa.min()) & (pb.min(1) <= pa.max())
-    for k in (1, 3):
-        axis = b[:, k] - b[:, 0]
-        axis = axis / (np.linalg.norm(axis, axis=1, keepdims=True) + 1e-12)  # (M, 2)
-        pa = np.einsum("cd,md->mc", a, axis)
-        pb = np.einsum("mcd,md->mc", b, axis)
-        overlap &= (pb.max(1) >= pa.min(1)) & (pb.min(1) <= pa.max(1))
+    for corners in (ca, cb):  # the 2 edge directions of each box are the candidate separating axes
+        for k in (1, 3):
+            axis = corners[:, k] - corners[:, 0]
+            axis = axis / (np.linalg.norm(axis, axis=1, keepdims=True) + 1e-12)  # (M, 2)
+            pa = np.einsum("mcd,md->mc", ca, axis)
+            pb = np.einsum("mcd,md->mc", cb, axis)
+            overlap &= (pb.max(1) >= pa.min(1)) & (pb.min(1) <= pa.max(1))
     return overlap
 
 
@@ -124,27 +125,34 @@ def ttc_violation(ego_box: np.ndarray, ego_velocity: np.ndarray, boxes: np.ndarr
         boxes, velocities: (M, 5) and (M, 2) of the other vehicles (static objects: zero velocity).
 
     Only vehicles whose centre lies ahead of the ego's centre (along its heading) count, and none the ego
-    already overlaps (that is a collision, scored by NC), as nuPlan counts only the ego's at-fault side.
+    already overlaps (that is a collision, scored by NC), as nuPlan counts only the ego's at-fault side. Vehicles
+    too far to meet the ego within the horizon (centre distance above both boxes' half diagonals plus both
+    speeds times the horizon) are left out before the box tests, which run for every time step at once.
     """
     ego_box, ego_velocity = np.asarray(ego_box, dtype=np.float64), np.asarray(ego_velocity, dtype=np.float64)
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 5)
     velocities = np.asarray(velocities, dtype=np.float64).reshape(-1, 2)
-    if not len(boxes) or np.linalg.norm(ego_velocity) < STOPPED_SPEED:
+    speed = float(np.linalg.norm(ego_velocity))
+    if not len(boxes) or speed < STOPPED_SPEED:
         return False
+    rel = boxes[:, :2] - ego_box[:2]
+    reach = (np.hypot(boxes[:, 3], boxes[:, 4]) + np.hypot(ego_box[3], ego_box[4])) / 2 \
+        + (speed + np.linalg.norm(velocities, axis=1)) * horizon_s
     forward = np.array([np.cos(ego_box[2]), np.sin(ego_box[2])])
-    ahead = (boxes[:, :2] - ego_box[:2]) @ forward > 0
-    candidates = ahead & ~boxes_overlap(ego_box, boxes)
+    near = (rel @ forward > 0) & (np.linalg.norm(rel, axis=1) <= reach)
+    if not near.any():
+        return False
+    boxes, velocities = boxes[near], velocities[near]
+    candidates = ~boxes_overlap(ego_box, boxes)
     if not candidates.any():
         return False
     boxes, velocities = boxes[candidates], velocities[candidates]
-    for t in np.arange(1, int(round(horizon_s / step_s)) + 1) * step_s:
-        moved_ego = ego_box.copy()
-        moved_ego[:2] += ego_velocity * t
-        moved = boxes.copy()
-        moved[:, :2] += velocities * t
-        if boxes_overlap(moved_ego, moved).any():
-            return True
-    return False
+    times = np.arange(1, int(round(horizon_s / step_s)) + 1) * step_s  # (T,)
+    moved = np.repeat(boxes[None], len(times), 0)  # (T, M, 5)
+    moved[..., :2] += times[:, None, None] * velocities[None]
+    moved_ego = np.repeat(ego_box[None, None], len(times), 0).repeat(len(boxes), 1)
+    moved_ego[..., :2] += times[:, None, None] * ego_velocity
+    return bool(pairs_overlap(moved_ego.reshape(-1, 5), moved.reshape(-1, 5)).any())
 
 
 def collision_fault(ego_speed: float, other_xy_ego: Sequence[float], lane_offset_m: float) -> tuple[str, bool]:
