@@ -115,6 +115,18 @@ def card_body(directory: str | Path) -> str:
     return text
 
 
+def write_card_metrics(directory: str | Path, metrics: dict[str, Any]) -> None:
+    """Put measured ``metrics`` into a model card's front matter (``metrics:``), atomically.
+
+    The rest of the card, its body and the weights stay unchanged. The code that measures a shipped model writes its
+    card with this, so ``embodied models`` shows what was measured and a re-export (which copies the card) keeps it.
+    """
+    directory = Path(directory)
+    meta = read_card(directory)
+    meta["metrics"] = dict(metrics)
+    write_text(directory / CARD_FILE, front_matter(meta) + "\n" + card_body(directory))
+
+
 class PreTrainedModel(nn.Module):
     """Base class of every model that is saved, shipped or loaded (see the module docstring).
 

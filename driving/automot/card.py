@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, EmbodiedError
+from core.pretrained import write_card_metrics
 
 EPISODES = 5  # per scenario: 5 x 5 episodes, about 5 minutes per policy on 2 busy CPU cores
 SEED = 1000  # the experiment's closed-loop seeds start here (embodied experiment automot --eval-seed)
@@ -51,17 +52,6 @@ def closed_loop_metrics(policy: str, episodes: int = EPISODES, seed: int = SEED,
     return metrics
 
 
-def write_metrics(checkpoint: str | Path, metrics: dict[str, Any]) -> None:
-    """Put ``metrics`` into the card's front matter (the rest of the card, its body and the weights unchanged)."""
-    from core.io import write_text
-    from core.pretrained import CARD_FILE, card_body, front_matter, read_card
-
-    checkpoint = Path(checkpoint)
-    meta = read_card(checkpoint)
-    meta["metrics"] = dict(metrics)
-    write_text(checkpoint / CARD_FILE, front_matter(meta) + "\n" + card_body(checkpoint))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m driving.automot.card``: measure the shipped AutoMoT policies and write their cards."""
     from driving.automot.pipeline_automot import SHIPPED
@@ -81,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics = closed_loop_metrics(policy, a.episodes, a.seed)
             folder = asset(*SHIPPED[policy])
             if not a.dry_run:
-                write_metrics(folder, metrics)
+                write_card_metrics(folder, metrics)
             print(f"{policy} ({folder}): " + ", ".join(f"{k}={v}" for k, v in metrics.items() if k != "split"))
     except EmbodiedError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

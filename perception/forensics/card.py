@@ -10,8 +10,9 @@ Measures, with ``infer forensics``' own scoring (``perception.forensics.cli.scor
 * real photos the detector never trained on (``HELDOUT_PHOTOS``): the share it calls fake (its false-alarm rate,
   verdict "fake" at P >= 0.5, as ``infer`` prints it) and the share the domain check flags.
 
-``write_metrics`` puts the result into the card's front matter (``core.pretrained`` card helpers, like
-``calibrate_domain``); ``experiments.ship`` re-exports a detector with its card, so the metrics travel with it.
+``core.pretrained.write_card_metrics`` puts the result into the shipped card's front matter; ``experiments.ship``
+re-exports a detector with its card, so the metrics travel with it. A detector folder given with ``--checkpoint`` is
+the user's: it is measured and printed, never written.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import DataError, EmbodiedError
+from core.pretrained import write_card_metrics
 
 #: Real photos no forensic detector here trained on: opencv-doc's sample photos (the benchmark's pool,
 #: ``generators.POOL``, takes none of them) and the pool's two held-out photos (its val split). Natural camera
@@ -132,21 +134,12 @@ def measure(checkpoint: str | Path | None = None, root: str | Path = "outputs/da
     return out
 
 
-def write_metrics(checkpoint: str | Path, metrics: dict[str, Any]) -> None:
-    """Put ``metrics`` into the card's front matter (the rest of the card, its body and the weights unchanged)."""
-    from core.io import write_text
-    from core.pretrained import CARD_FILE, card_body, front_matter, read_card
-
-    checkpoint = Path(checkpoint)
-    meta = read_card(checkpoint)
-    meta["metrics"] = dict(metrics)
-    write_text(checkpoint / CARD_FILE, front_matter(meta) + "\n" + card_body(checkpoint))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m perception.forensics.card``: measure the shipped (or a given) detector and write its card."""
+    """``python -m perception.forensics.card``: measure the shipped detector and write its card (or measure a given
+    detector and print its metrics: a user's folder is never written)."""
     p = argparse.ArgumentParser(prog="python -m perception.forensics.card", description=main.__doc__)
-    p.add_argument("--checkpoint", default=None, help="detector folder (default: the shipped one)")
+    p.add_argument("--checkpoint", default=None, help="detector folder to measure and print, not written (default: "
+                                                      "the shipped one, whose card gets the metrics)")
     p.add_argument("--root", default="outputs/datasets/genimage", help="GenImage-style set (built when missing)")
     p.add_argument("--views", type=int, default=None, help="views per image (default: infer's)")
     p.add_argument("--dry-run", action="store_true", help="print the metrics, write nothing")
@@ -158,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = Path(a.checkpoint) if a.checkpoint else asset("checkpoints", "deepvrm")
     try:
         metrics = measure(checkpoint, a.root, a.views)
-        if not a.dry_run:
-            write_metrics(checkpoint, metrics)
+        if not a.dry_run and a.checkpoint is None:  # only the shipped card; a given folder is read-only
+            write_card_metrics(checkpoint, metrics)
     except EmbodiedError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -118,12 +118,13 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
     dst = asset("checkpoints", "deepvrm")
     DeepVRM.from_pretrained(src).save_pretrained(dst, card=card, run_config=run_config, body=card_body(src),
                                                   copy_base=True)
-    from perception.forensics.card import measure, write_metrics
+    from core.pretrained import write_card_metrics
+    from perception.forensics.card import measure
     from perception.forensics.cli import calibrate_domain
 
     root = compose(["experiment=deepvrm", *extra]).data.root
     calibrate_domain(dst)
-    write_metrics(dst, measure(dst, root))
+    write_card_metrics(dst, measure(dst, root))
     samples = asset("samples", "deepvrm")
     samples.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "summary.json", samples / "comparison.json")

@@ -109,13 +109,13 @@ def test_every_shipped_checkpoint_states_measured_metrics_or_why_not():
 
 
 def test_the_metric_writers_keep_the_card_and_a_reexport_keeps_them(tmp_path):
-    from core.pretrained import card_body
-    from driving.automot.card import write_metrics as write_automot
-    from perception.forensics.card import write_metrics as write_deepvrm
+    from core.pretrained import card_body, write_card_metrics
 
-    for i, write in enumerate((write_deepvrm, write_automot)):
+    for i, write in enumerate((write_card_metrics, write_card_metrics)):  # a fresh card, then one already written
         folder = tmp_path / f"m{i}"
         _Listed(_Cfg(width=4)).save_pretrained(folder, card={"data": "d", "training_domain": "t"}, body="Body.\n")
+        if i:
+            write(folder, {"val_acc": 0.5})
         write(folder, {"driving_score_pct": 61.5, "split": "5 scenarios x 5 episodes"})
         row = list_models([folder], shipped=False)[0]
         assert row["metrics"] == {"driving_score_pct": 61.5, "split": "5 scenarios x 5 episodes"}
@@ -151,3 +151,20 @@ def test_the_command_from_a_users_folder_lists_and_never_writes(tmp_path):
     proc = subprocess.run([EMBODIED, "models", str(tmp_path / "nowhere")], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == f"embodied: error: {tmp_path / 'nowhere'}: no such folder"
+
+
+def test_the_forensics_card_tool_never_writes_a_detector_folder_it_was_given(tmp_path, monkeypatch, capsys):
+    """``--checkpoint DIR`` is the user's detector: measured and printed, not written; only the shipped card is."""
+    import perception.forensics.card as card
+
+    folder = tmp_path / "mydet"
+    _Listed(_Cfg(width=4)).save_pretrained(folder, card={"data": "d"}, body="Body.\n")
+    before = folder_digest(folder)
+    monkeypatch.setattr(card, "measure", lambda checkpoint, root, views: {"val_acc": 0.75})
+    assert card.main(["--checkpoint", str(folder)]) == 0
+    assert "val_acc: 0.75" in capsys.readouterr().out and folder_digest(folder) == before
+    shipped = tmp_path / "shipped" / "checkpoints" / "deepvrm"
+    _Listed(_Cfg(width=4)).save_pretrained(shipped, card={"data": "d"}, body="Body.\n")
+    monkeypatch.setattr("core.resources.asset", lambda *parts: tmp_path / "shipped" / Path(*parts))
+    assert card.main([]) == 0
+    assert read_card(shipped)["metrics"] == {"val_acc": 0.75}
