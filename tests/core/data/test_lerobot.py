@@ -599,13 +599,14 @@ def test_cli_exports_a_drive_eval_output(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_readme_lerobot_snippet_runs(tmp_path):
-    """The README's commands for reading an export with LeRobot's reader, run as written (the venv's path made
-    absolute, since the test runs outside the repository)."""
+    """The README's commands for reading an export with LeRobot's reader, run as written from a folder outside the
+    repository (only the workspace line set to this checkout)."""
     readme = (REPO / "README.md").read_text()
     at = readme.index("LeRobot's own reader opens an export")
     block = readme[readme.index("```\n", at) + 4: readme.index("\n```", readme.index("```\n", at) + 4)]
-    assert "LeRobotDataset(" in block and "PYTHONPATH=.venv/side-lerobot" in block
-    script = block.replace(".venv/", f"{REPO}/.venv/")
+    assert "LeRobotDataset(" in block and "PYTHONPATH=$WS/.venv/side-lerobot" in block
+    assert block.startswith("WS=/path/to/the/workspace\n")  # the one line a user edits
+    script = block.replace("WS=/path/to/the/workspace", f"WS={REPO}", 1)  # run as written, from tmp_path
     env = {k: v for k, v in side_env(tmp_path).items() if not k.startswith("HF_") or k == "HF_HOME"}
     r = subprocess.run(["bash", "-ec", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
