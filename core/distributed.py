@@ -87,6 +87,18 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
+def is_main_process() -> bool:
+    """Whether this process writes a run's shared outputs (an exported model, the resolved config).
+
+    Rank 0 of the process group, or of torchrun's ``RANK`` before the group is joined; a plain process always.
+    The other ranks must not write the same folder too: two ``atomic_dir`` renames onto one path race, and the
+    second fails with "Directory not empty". Pair it with ``barrier()`` so no rank reads the output early.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def barrier() -> None:
     """Wait for every rank (a no-op when not distributed)."""
     if dist.is_available() and dist.is_initialized():

@@ -631,13 +631,12 @@ def _main(argv: list[str] | None = None) -> int:
     names = [s.name for s in method_specs() if s.example] if args.methods == ["all"] else args.methods
     if args.cmd == "fsdp":
         import json
-        import os
 
         from core import distributed as D
         from core.io import write_json
 
         report = fsdp_gradient_report(names, args.workdir, checkpointing=not args.no_checkpointing)
-        if int(os.environ.get("RANK", "0")) == 0:
+        if D.is_main_process():
             write_json(args.out, report)
             print(json.dumps({k: {kk: v for kk, v in r.items() if kk != "trace"} for k, r in report.items()}))
         D.cleanup()

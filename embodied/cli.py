@@ -330,12 +330,12 @@ def _cmd_task(args) -> int:
     if args.command == "eval":
         return _run_eval(args, module, cfg)
     import contextlib
-    import os
 
+    from core.distributed import is_main_process
     from core.outputs import claim_output
 
     # Under torchrun rank 0 alone claims the folder (locks, marks it); the trainer writes from rank 0 only
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_main_process():
         claim = claim_output(cfg.out_dir, command=f"train {args.method}", staged=False,
                              signature=run_signature(cfg), overwrite=args.overwrite)
     else:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -285,14 +284,14 @@ def _configs(cfg) -> tuple[AutoMoTModelConfig, AutoMoTDataConfig, TrainerConfig]
 def train(cfg) -> dict[str, Any]:
     """Train one arm (see the module docstring)."""
     from core.bootstrap import prepare_process
-    from core.distributed import barrier
+    from core.distributed import barrier, is_main_process
     from core.trainer import Trainer, seed_everything
 
     prepare_process()
     model_cfg, data, tcfg = _configs(cfg)
     out_dir = Path(cfg.out_dir)
     run_config = to_container(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_main_process():
         save_resolved(run_config, out_dir)
     ensure_data(data)
     seed_everything(tcfg.seed)
@@ -318,7 +317,7 @@ def train(cfg) -> dict[str, Any]:
     vla.set_stage("vla")
     command = (f"embodied train automot model.arm={model_cfg.arm} trainer.seed={tcfg.seed} "
                f"trainer.max_steps={tcfg.max_steps}")
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 writes the policy (the ranks raced)
+    if is_main_process():  # under torchrun only rank 0 writes the policy (the ranks raced)
         vla.save_pretrained(out_dir / POLICY_DIR, card={"command": command, "stages": results,
                                                         "env_image_size": data.image_size,
                                                         "scenarios": list(data.scenarios)},

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +344,7 @@ def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=Non
 def train(cfg) -> dict[str, Any]:
     """Train one arm (see the module docstring)."""
     from core.bootstrap import prepare_process
+    from core.distributed import is_main_process
     from core.trainer import Trainer, seed_everything
     from core.vlm import load_vlm, vlm_collate
 
@@ -352,7 +352,7 @@ def train(cfg) -> dict[str, Any]:
     model_cfg, data, tcfg = _configs(cfg)
     out_dir = Path(cfg.out_dir)
     run_config = to_container(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 claimed the folder: only it writes
+    if is_main_process():  # under torchrun, rank 0 claimed the folder: only it writes
         save_resolved(run_config, out_dir)
     ensure_data(data)
     stage2_gens = list(data.stage1) + list(data.stage2)

@@ -197,3 +197,14 @@ def test_a_waiter_that_gives_up_leaves_the_holders_lock_file(tmp_path):
         with pytest.raises(OutputError, match="another process"), lock_folder(path, wait=0):
             pass  # still excluded: the file it would have unlinked is the one held
     assert not (tmp_path / ".set.lock").exists()
+
+
+def test_is_main_process_reads_torchrun_rank_before_the_group_exists(monkeypatch):
+    from core.distributed import is_main_process
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert is_main_process()
+    monkeypatch.setenv("RANK", "1")
+    assert not is_main_process()
+    monkeypatch.setenv("RANK", "0")
+    assert is_main_process()

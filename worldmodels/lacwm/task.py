@@ -29,13 +29,15 @@ def train(cfg) -> dict[str, Any]:
     """Record data if missing, pretrain, adapt to the held-out embodiment (and the scratch arm)."""
     from core.bootstrap import prepare_process
     from core.config import save_resolved
+    from core.distributed import is_main_process
 
     prepare_process()  # the learning stack before the recorder's EGL context (ENV.md: triton after EGL segfaults)
     model_cfg, data_cfg, trainer_cfg = configs(cfg)
     out = Path(cfg.out_dir)
     files = data_files(data_cfg)
     run_config = to_container(cfg)
-    save_resolved(run_config, out)
+    if is_main_process():
+        save_resolved(run_config, out)
     keys = data_keys(data_cfg)
     model = pretrain(model_cfg, files, trainer_cfg, out / "pretrain", run_config, keys=keys)
     adapted = adapt(model, files, data_cfg.held_out, trainer_cfg, out, run_config, keys=keys)

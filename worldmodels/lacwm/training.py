@@ -132,6 +132,7 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
     """Adapt ``pretrained`` (or train the scratch arm) on the held-out embodiment's few demonstrations
     (``keys``: ``data_keys``)."""
     from core.checkpoint import save_checkpoint
+    from core.distributed import barrier, is_main_process
     from core.trainer import Trainer, seed_everything
     from worldmodels.lacwm.adaptation import AdaptationStage, adapt_model, adapted_config, stage_plan
     from worldmodels.lacwm.data import embodiment_name
@@ -158,6 +159,8 @@ def adapt(pretrained, files: dict[str, list[Path]], held_out: str, trainer_cfg: 
     for p in model.parameters():
         p.requires_grad_(True)
     name = "scratch_model" if scratch else "adapted"
-    save_checkpoint(out_dir / name, model, {**run_config, "model": dataclasses.asdict(model.config),
-                                            "held_out": held_out, "stage": name})
+    if is_main_process():  # under torchrun every rank holds the same weights; two writers of one folder race
+        save_checkpoint(out_dir / name, model, {**run_config, "model": dataclasses.asdict(model.config),
+                                                "held_out": held_out, "stage": name})
+    barrier()  # the other ranks go on once the checkpoint is on disk
     return model

@@ -391,6 +391,26 @@ def test_train_evaluate_and_plan_end_to_end(tmp_path):
         assert set(ev["planning"]) >= {"model", "random"}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_rank_other_than_zero_writes_neither_the_adapted_checkpoint_nor_the_config(tmp_path, monkeypatch):
+    """Under torchrun every rank finishes adaptation with the same weights; if each saved ``adapted`` the two
+    folder renames raced and one rank died with "Directory not empty" (CI, 2-process FSDP). Run as rank 1 (the
+    group faked), train leaves both to rank 0."""
+    from core import distributed
+    from worldmodels.lacwm import task
+
+    monkeypatch.setattr(distributed, "is_main_process", lambda: False)
+    cfg = compose(["experiment=lacwm", "model=lacwm_tiny", f"out_dir={tmp_path / 'run'}", "debug=tiny",
+                   "data.num_pretrain_embodiments=1", "data.episodes=1", "data.adapt_episodes=1",
+                   "data.test_episodes=1", "data.max_steps=12", "data.image_size=32", "trainer.max_steps=2",
+                   "model.frame_skip=1", f"data.root={tmp_path / 'data'}"])
+    out = task.train(cfg)
+    assert out["parameters"] > 0
+    assert not (tmp_path / "run" / "adapted").exists()
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 def test_pretrained_frame_encoder_plugs_in_by_path(tmp_path):
     """A timm ViT saved to a local safetensors file becomes the IDM's frozen frame encoder."""
     timm = pytest.importorskip("timm")
