@@ -344,7 +344,7 @@ def base_qa_eval(model_cfg: DeepVRMModelConfig, data: DeepVRMDataConfig, vlm=Non
 def train(cfg) -> dict[str, Any]:
     """Train one arm (see the module docstring)."""
     from core.bootstrap import prepare_process
-    from core.distributed import is_main_process
+    from core.distributed import barrier, is_main_process
     from core.trainer import Trainer, seed_everything
     from core.vlm import load_vlm, vlm_collate
 
@@ -362,8 +362,10 @@ def train(cfg) -> dict[str, Any]:
         images, labels, _ = load_split(data.root, "train", stage2_gens, data.size)
         det = BASELINES[model_cfg.arm]()
         fit_log = det.fit(images, labels, seed=tcfg.seed)
-        det.save(out_dir / DETECTOR_DIR)
-        write_json(out_dir / "train_log.json", fit_log)
+        if is_main_process():  # a baseline fitted under torchrun: every rank fits the same, one writes
+            det.save(out_dir / DETECTOR_DIR)
+            write_json(out_dir / "train_log.json", fit_log)
+        barrier()
         return {"arm": model_cfg.arm, "n": int(len(labels)), "detector": str(out_dir / DETECTOR_DIR)}
 
     seed_everything(tcfg.seed)
