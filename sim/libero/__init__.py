@@ -6,7 +6,9 @@ imports neither LIBERO, robosuite, MuJoCo nor torch. The simulator loads only in
 
 Modules:
     suites         suite / task listing (static table checked against LIBERO's benchmark module)
-    registration   ``register()``: ``embodied/Libero-<suite>-<task_index>-v0`` for all 130 tasks
+    registration   ``register()``: ``embodied/Libero-<suite>-<task_index>-v0`` for all 130 tasks and LIBERO-PRO's
+    pro            LIBERO-PRO's perturbed suites (``libero_spatial_swap`` ...) read from its unpacked package,
+                   their perturbation axes, and the object variants their scenes place
     env            ``LiberoEnv``: the Gymnasium env (obs ``image``, ``wrist_image``, ``proprio``)
     expert         ``LiberoReachGraspExpert``: scripted reach-and-grasp policy with noise (interaction data)
     motion         OSC move-to actions and object geometry from the sim, for scripted policies

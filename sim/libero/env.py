@@ -161,15 +161,19 @@ class LiberoEnv(gym.Env):
         self.use_wrist_image = bool(wrist_image) and self.images
         self.render_mode = render_mode
         self.render_reflections = bool(render_reflections)
-        paths = prepare_libero()
-        self.init_states = load_init_states(self.task.init_states_path(paths["benchmark_root"]))
+        prepare_libero()
+        self.init_states = load_init_states(self.task.init_states_path())
 
         from libero.libero.envs import OffScreenRenderEnv  # heavy: robosuite, MuJoCo, EGL
 
+        if self.task.source == "libero_pro":  # its scenes place object variants LIBERO does not register
+            from sim.libero.pro import register_pro_objects
+
+            register_pro_objects()
         cameras = [AGENT_CAMERA] + ([WRIST_CAMERA] if self.use_wrist_image else [])
         self._libero = OffScreenRenderEnv(
             use_camera_obs=self.images,  # the offscreen context stays for render() on demand
-            bddl_file_name=str(self.task.bddl_path(paths["benchmark_root"])),
+            bddl_file_name=str(self.task.bddl_path()),
             camera_names=cameras,
             camera_heights=self.image_size,
             camera_widths=self.image_size,

@@ -170,15 +170,35 @@ def _env_settings_for(spec: Any, current: EnvSettings) -> EnvSettings:
 
 
 # ------------------------------------------------------------------------------------------- selection
+def expand_suites(suites: str | Sequence[str]) -> list[str]:
+    """Suite names from ``--suite``: comma-separated names, ``all`` (the five LIBERO suites), ``pro`` (every
+    LIBERO-PRO suite) and ``pro:<suite>`` (the LIBERO-PRO suites that perturb one, e.g. ``pro:spatial``)."""
+    from sim.libero.suites import base_suite, list_suites
+
+    items = [p for s in ([suites] if isinstance(suites, str) else suites) for p in str(s).split(",") if p.strip()]
+    names: list[str] = []
+    for item in (i.strip() for i in items):
+        if item == "all":
+            names += SUITES
+        elif item == "pro" or item.startswith("pro:"):
+            base = normalize_suite(item[4:]) if item.startswith("pro:") else None
+            names += [s for s in list_suites(pro=True) if s not in SUITES and (base is None or base_suite(s) == base)]
+        else:
+            names.append(normalize_suite(item))
+    return names
+
+
 def select_episodes(suites: str | Sequence[str], task_ids: Sequence[int] | None = None,
                     episodes_per_task: int = 50) -> list[tuple[LiberoTask, list[int]]]:
-    """``[(task, [init state ids])]`` in suite order then task order; ``"all"`` = the five suites.
+    """``[(task, [init state ids])]`` in suite order then task order (``suites``: see :func:`expand_suites`).
+
+    A task with fewer init states than ``episodes_per_task`` (a few LIBERO-PRO suites ship 10) runs all of its.
 
     Raises:
         ConfigError: An unknown suite, a task index out of a suite's range, or ``episodes_per_task`` not in
             ``1..num_init_states`` (one episode per init state).
     """
-    names = list(SUITES) if suites == "all" else [suites] if isinstance(suites, str) else list(suites)
+    names = expand_suites(suites)
     if not names:
         raise ConfigError("suites: name at least one LIBERO suite (or all)")
     if isinstance(episodes_per_task, bool) or not isinstance(episodes_per_task, int) or episodes_per_task < 1:
@@ -194,6 +214,9 @@ def select_episodes(suites: str | Sequence[str], task_ids: Sequence[int] | None 
             raise ConfigError(f"--tasks: task {bad[0]} is out of range for {suite} (its tasks are 0..{len(tasks) - 1})")
         for i in ids:
             task = tasks[i]
+            if task.source == "libero_pro":  # its own init-state count (10 for some): run each once
+                plan.append((task, list(range(min(episodes_per_task, task.num_init_states)))))
+                continue
             if episodes_per_task > task.num_init_states:
                 raise ConfigError(f"--episodes-per-task: {episodes_per_task} > {task.num_init_states}, the init "
                                   f"states of {task.task_id} (one episode per init state)")
@@ -699,9 +722,11 @@ def _stats(recs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def aggregate(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"per_task": [...], "per_group": {suite: ...}, "overall": ...}`` of episode records.
+    """``{"per_task": [...], "per_group": {suite: ...}, "per_axis": {axis: ...}, "overall": ...}`` of records.
 
-    Each entry holds ``n_episodes``, ``successes``, ``pc_success`` (in %), ``pc_success_ci95`` (Wilson 95 %
+    ``per_axis`` groups suites by perturbation (``sim.libero.pro.suite_axis``: ``clean`` for LIBERO's own suites,
+    ``object`` / ``position`` / ``language`` / ``task`` / ``distractor`` / ``other`` for LIBERO-PRO's) and adds
+    ``suites``. Each entry holds ``n_episodes``, ``successes``, ``pc_success`` (in %), ``pc_success_ci95`` (Wilson 95 %
     interval, in %), ``mean_steps``, ``failures`` (count per kind: timeout / policy / sim / worker) and
     ``video_paths``. ``per_task`` entries add ``task_group`` (= ``suite``), ``task_id`` (= ``task_index``),
     ``task_name`` and ``language``, in suite then task order; ``per_group`` and ``overall`` add ``n_tasks``.
@@ -722,8 +747,17 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for suite in dict.fromkeys(s for s, _ in keys):
         recs = [r for (s, _), rs in by_task.items() if s == suite for r in rs]
         per_group[suite] = {"n_tasks": sum(1 for s, _ in keys if s == suite), **_stats(recs)}
+    from sim.libero.pro import AXES, suite_axis
+
+    per_axis = {}
+    for axis in ("clean", *AXES):
+        suites = [s for s in per_group if suite_axis(s) == axis]
+        if suites:
+            recs = [r for (s, _), rs in by_task.items() if s in suites for r in rs]
+            per_axis[axis] = {"suites": suites, "n_tasks": sum(per_group[s]["n_tasks"] for s in suites),
+                              **_stats(recs)}
     overall = {"n_tasks": len(keys), **_stats([r for rs in by_task.values() for r in rs])}
-    return {"per_task": per_task, "per_group": per_group, "overall": overall}
+    return {"per_task": per_task, "per_group": per_group, "per_axis": per_axis, "overall": overall}
 
 
 # ------------------------------------------------------------------------------------------- reports
@@ -748,6 +782,10 @@ def stdout_table(info: Mapping[str, Any], tasks: bool | None = None) -> str:
     if len(info["per_group"]) > 1:
         rows.append(row("overall", info["overall"], str(info["overall"]["n_tasks"])))
     lines += fmt(["SUITE", "TASKS", "EPISODES", "SUCCESSES", "SUCCESS %", "95% CI (%)", "FAILURES"], rows)
+    axes = info.get("per_axis") or {}
+    if len(axes) > 1 or any(a != "clean" for a in axes):
+        rows = [row(a, m, str(len(m["suites"]))) for a, m in axes.items()]
+        lines += ["", *fmt(["AXIS", "SUITES", "EPISODES", "SUCCESSES", "SUCCESS %", "95% CI (%)", "FAILURES"], rows)]
     lat = info["overall"].get("latency")
     if lat:
         lines.append(f"requests {lat['requests']}: latency p50 {lat['latency_ms_p50']:.1f} ms, p99 "
@@ -780,6 +818,11 @@ def html_page(info: Mapping[str, Any]) -> str:
     suites = table(["suite", "tasks", *head],
                    [[s, g["n_tasks"], *cells(g)] for s, g in info["per_group"].items()]
                    + [["overall", info["overall"]["n_tasks"], *cells(info["overall"])]])
+    axes = info.get("per_axis") or {}
+    by_axis = ""
+    if len(axes) > 1 or any(a != "clean" for a in axes):
+        by_axis = "<h2>By perturbation axis (LIBERO-PRO)</h2>" + table(
+            ["axis", "suites", *head], [[a, ", ".join(m["suites"]), *cells(m)] for a, m in axes.items()])
     tasks = table(["suite", "task", "instruction", *head],
                   [[t["suite"], t["task_index"], t["language"], *cells(t)] for t in info["per_task"]])
     videos = []
@@ -801,7 +844,7 @@ def html_page(info: Mapping[str, Any]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>LIBERO evaluation</title><style>{style}"
             f"</style></head><body><h1>LIBERO evaluation: {esc(str(cfg.get('policy')))}</h1><p>{esc(settings)}. "
             "One episode per init state; success = LIBERO's BDDL goal check; 95 % intervals are Wilson's.</p>"
-            f"<h2>Suites</h2>{suites}<h2>Tasks</h2>{tasks}<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
+            f"<h2>Suites</h2>{suites}{by_axis}<h2>Tasks</h2>{tasks}<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
             f"<h2>Episodes that failed by a policy, sim or worker error</h2>{errors if crashed else '<p>none</p>'}"
             "</body></html>\n")
 
@@ -964,7 +1007,9 @@ def _evaluate_in(out: Path, plan: list[tuple[LiberoTask, list[int]]], settings: 
 def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negative_int: Callable[[str], int]) -> None:
     """The ``embodied libero eval`` flags (argparse ``p``; the CLI's integer parsers)."""
     p.add_argument("--suite", required=True,
-                   help=f"{' | '.join(SUITES)} | all (the short names spatial, object, goal, 10, 90 work too)")
+                   help=f"{' | '.join(SUITES)} | all | a LIBERO-PRO suite (libero_spatial_swap ...) | pro | "
+                        "pro:SUITE (its LIBERO-PRO copies); comma-separated to combine (the short names spatial, "
+                        "object, goal, 10, 90, spatial_swap work too; `embodied sim list --family libero` lists all)")
     p.add_argument("--tasks", default=None, metavar="IDS",
                    help="task indices in every chosen suite, e.g. 0,3 or 0-4 (default: all)")
     p.add_argument("--policy", required=True,

@@ -203,9 +203,8 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
         blind.close()
         if cam is not None:
             cam.close()
-    from sim.libero._bootstrap import prepare_libero
 
-    bddl_text = task.bddl_path(prepare_libero()["benchmark_root"]).read_text()
+    bddl_text = task.bddl_path().read_text()
     if episodes:
         write_libero_demo_file(
             path, episodes,

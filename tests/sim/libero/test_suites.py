@@ -79,7 +79,10 @@ def test_lookup_errors_and_ids():
 
 def test_register_every_task():
     ids = register()
-    assert len(ids) == len(set(ids)) == 130
+    pro = [t for t in suites.list_tasks(pro=True) if t.source == "libero_pro"]
+    assert len(ids) == len(set(ids)) == 130 + len(pro)  # LIBERO's tasks, then LIBERO-PRO's
+    assert ids[:130] == [t.env_id for t in suites.list_tasks()]
+    assert gym.spec("embodied/Libero-spatial_swap-0-v0").max_episode_steps == 220  # its base suite's limit
     assert register() == ids  # idempotent
     spec = gym.spec("embodied/Libero-spatial-0-v0")
     assert spec.entry_point == "sim.libero.env:LiberoEnv"
