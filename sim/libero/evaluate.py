@@ -91,6 +91,7 @@ CONFIG_FILE = "eval_config.json"
 INFO_FILE = "eval_info.json"
 PAGE_FILE = "index.html"
 VIDEO_DIR = "videos"
+PERTURB_DIR = "perturbations"
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 """The settle-step action: no arm motion, gripper open (OpenVLA's ``get_libero_dummy_action``)."""
 """Named policies that read only the sim state (their envs run without images)."""
@@ -134,6 +135,7 @@ class _Settings:
     out: str
     quiet: bool = False
     learning_stack: bool = False
+    perturb: dict[str, int] | None = None
 
     def step_limit(self, suite: str) -> int:
         return int(self.max_steps) if self.max_steps is not None else MAX_EPISODE_STEPS[suite]
@@ -303,6 +305,58 @@ class _TaskRunner:
                                 f"({self.task.task_id} init {init_state_id}); finished episodes are kept: rerun the "
                                 "same command to resume")
 
+    def _perturbed_start(self, k: int, seed: int, record: dict[str, Any]) -> tuple[Any, dict[str, Any], bool]:
+        """Reset to init state ``k`` under a drawn perturbation (``--perturb``) and run the settle steps; a draw
+        that leaves the task unsolvable or solved is drawn again (``sim.libero.perturb``). Returns the settled
+        observation, info, and whether the settle steps already ran; the draw goes into ``record``."""
+        from sim.libero import perturb as P
+
+        env, s = self.env, self.settings
+        if getattr(self, "_perturber", None) is None:
+            self._perturber = P.Perturber(env)
+        pt = self._perturber
+        noop = np.asarray(NOOP_ACTION, dtype=np.float32)
+        physical = any(a in s.perturb for a in P.PHYSICAL)
+        reference, resting = None, 0.0
+        if physical:  # the objects' heights after an unperturbed settle: a perturbed one that ends far lower fell
+            pt.restore()
+            env.reset(seed=seed, options={"init_state_id": k})
+            resting = pt.penetration()  # LIBERO's own init states rest with some contacts a few mm deep
+            for _ in range(s.settle_steps):
+                env.step(noop)
+            reference = pt.heights()
+        rejected: list[str] = []
+        for attempt in range(P.MAX_REDRAWS + 1):
+            obs, info = env.reset(seed=seed, options={"init_state_id": k})
+            drawn = P.draw(s.perturb, seed, self.task.language, attempt)
+            pt.apply(drawn)
+            obs = env._obs
+            why = None
+            if physical and pt.penetration() > resting + P.PENETRATION_M:
+                why = f"bodies interpenetrate by {1000 * pt.penetration():.0f} mm"
+            for _ in range(s.settle_steps if why is None else 0):
+                obs, _, _, _, info = env.step(noop)
+            if why is None and physical and (reference - pt.heights()).max(initial=0.0) > P.FELL_M:
+                why = f"an object fell {100 * (reference - pt.heights()).max():.0f} cm"
+            if why is None and info.get(INFO_SUCCESS):
+                why = "the goal already holds"
+            if why is None:
+                record["perturbation"] = {**drawn, "rejected": rejected}
+                if pt.language is not None:
+                    record["language"] = pt.language
+                return obs, info, True
+            rejected.append(why)
+        raise ConfigError(f"--perturb {s.perturb}: {self.task.task_id} init {k}: {P.MAX_REDRAWS + 1} draws all left "
+                          f"the task unsolvable ({rejected[-1]}); lower the levels")
+
+    def _rebuild_policy_for_language(self) -> None:
+        """A perturbed instruction reaches the policy: the env's instruction is set and the policy built again
+        (an in-process policy reads it when built; a served one with every request)."""
+        meta = self.env.metadata
+        meta["language_instruction"] = meta["bddl_language"] = self._perturber.language
+        self.policy = self.settings.factory(self.env)
+        self.policy = _OneEnv(self.policy) if is_batched(self.policy) else self.policy
+
     def _run_once(self, init_state_id: int) -> dict[str, Any]:
         s, task, env = self.settings, self.task, self.env
         k = int(init_state_id)
@@ -318,13 +372,23 @@ class _TaskRunner:
         noop = np.asarray(NOOP_ACTION, dtype=np.float32)
         limit = s.step_limit(task.suite)
         success, failure, steps = False, None, 0
+        settled = False
         try:
-            obs, info = env.reset(seed=seed, options={"init_state_id": k})
+            if s.perturb:
+                obs, info, settled = self._perturbed_start(k, seed, record)
+                if self._perturber.language is not None:
+                    self._rebuild_policy_for_language()
+                if k == 0:
+                    self._perturbation_image()
+            else:
+                obs, info = env.reset(seed=seed, options={"init_state_id": k})
+        except ConfigError:
+            raise
         except Exception as e:  # noqa: BLE001 - a broken sim fails its episode, not the evaluation
             obs, info, failure = None, {}, f"sim: reset raised {one_line(e)}"
         if failure is None and want_video:
             frames.append(self._frame())
-        for _ in range(s.settle_steps if failure is None else 0):
+        for _ in range(s.settle_steps if failure is None and not settled else 0):
             obs, info, failure = self._step(noop, obs, info)
             if want_video and failure is None:
                 frames.append(self._frame())
@@ -342,9 +406,12 @@ class _TaskRunner:
                 failure = f"server: {one_line(e)}"
             except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
                 failure = f"policy: reset raised {one_line(e)}"
+        if failure is None and not success and s.perturb:
+            success = bool(info.get(INFO_SUCCESS))
+        seen = self._perturber.observe if s.perturb else dict
         while failure is None and not success and steps < limit:
             try:
-                action = self.policy.act(obs, info)
+                action = self.policy.act(seen(obs), info)
             except ConnectionLost as e:
                 failure = f"server: {one_line(e)}"
                 break
@@ -389,7 +456,24 @@ class _TaskRunner:
         return obs, info, None
 
     def _frame(self) -> np.ndarray:
-        return np.asarray(self.env.render(), dtype=np.uint8)
+        frame = np.asarray(self.env.render(), dtype=np.uint8)
+        if self.settings.perturb:  # what the policy sees, pixel noise included
+            frame = self._perturber.observe({"image": frame})["image"]
+        return frame
+
+    def _perturbation_image(self) -> None:
+        """``perturbations/<suite>/task<i>.png``: the agent view of init state 0 as the policy sees it perturbed."""
+        from PIL import Image
+
+        from core.io import atomic_path
+
+        rel = Path(PERTURB_DIR) / self.task.suite / f"task{self.task.index}.png"
+        try:
+            frame = self._frame()
+            with atomic_path(Path(self.settings.out) / rel) as tmp:
+                Image.fromarray(frame).save(tmp, format="PNG")
+        except Exception:  # noqa: BLE001 - a picture is an extra: the episode's result stands without it
+            pass
 
     def _write_video(self, frames: list[np.ndarray], k: int) -> str | None:
         from core.data.video import write_mp4
@@ -823,6 +907,14 @@ def html_page(info: Mapping[str, Any]) -> str:
     if len(axes) > 1 or any(a != "clean" for a in axes):
         by_axis = "<h2>By perturbation axis (LIBERO-PRO)</h2>" + table(
             ["axis", "suites", *head], [[a, ", ".join(m["suites"]), *cells(m)] for a, m in axes.items()])
+    perturbed = ""
+    if cfg.get("perturb"):
+        levels = ", ".join(f"{a} level {lv}" for a, lv in cfg["perturb"].items())
+        figs = "".join(f"<figure><img src='{PERTURB_DIR}/{esc(t['suite'])}/task{t['task_index']}.png' width='256'>"
+                       f"<figcaption>{esc(t['suite'])}/{t['task_index']} init 0</figcaption></figure>"
+                       for t in info["per_task"])
+        perturbed = (f"<h2>Perturbation (LIBERO-Plus axes): {esc(levels)}</h2><p>The agent view of each task's init "
+                     "state 0 as the policy sees it; every episode's draw is in episodes.jsonl.</p>" + figs)
     tasks = table(["suite", "task", "instruction", *head],
                   [[t["suite"], t["task_index"], t["language"], *cells(t)] for t in info["per_task"]])
     videos = []
@@ -837,14 +929,15 @@ def html_page(info: Mapping[str, Any]) -> str:
                     for r in crashed[:MAX_PAGE_ERRORS]])
     if len(crashed) > MAX_PAGE_ERRORS:
         errors += f"<p>and {len(crashed) - MAX_PAGE_ERRORS} more (episodes.jsonl has them all)</p>"
-    settings = ", ".join(f"{k} {cfg.get(k)}" for k in ("policy", "step_limits", "settle_steps", "seed", "images"))
+    settings = ", ".join(f"{k} {cfg.get(k)}" for k in ("policy", "step_limits", "settle_steps", "seed", "images",
+                                                        "perturb") if k != "perturb" or cfg.get(k))
     style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}figure{display:inline-block;margin:4px;"
              "vertical-align:top;width:256px}figcaption{font-size:12px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>LIBERO evaluation</title><style>{style}"
             f"</style></head><body><h1>LIBERO evaluation: {esc(str(cfg.get('policy')))}</h1><p>{esc(settings)}. "
             "One episode per init state; success = LIBERO's BDDL goal check; 95 % intervals are Wilson's.</p>"
-            f"<h2>Suites</h2>{suites}{by_axis}<h2>Tasks</h2>{tasks}<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
+            f"<h2>Suites</h2>{suites}{by_axis}{perturbed}<h2>Tasks</h2>{tasks}<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
             f"<h2>Episodes that failed by a policy, sim or worker error</h2>{errors if crashed else '<p>none</p>'}"
             "</body></html>\n")
 
@@ -869,6 +962,7 @@ def evaluate_libero(
     replan_steps: int | None = None,
     realtime: bool = False,
     policy_args: Mapping[str, Any] | None = None,
+    perturb: str | Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on LIBERO suites with the protocol of the module docstring; returns the eval_info.
 
@@ -894,6 +988,9 @@ def evaluate_libero(
             server's ``replan_steps``). With ``realtime``: the same for an in-process chunk policy.
         realtime: Simulated real time (``sim.remote``): each request's latency costs control periods during which
             the simulator goes on with the current chunk, then holds its last action.
+        perturb: LIBERO-Plus axes and levels (``"camera=2,light=1"``, ``sim.libero.perturb``): each episode's draw
+            is seeded by its seed, recorded under ``perturbation`` in ``episodes.jsonl``, and redrawn when it
+            leaves the task unsolvable.
 
     Returns:
         The ``eval_info.json`` content: ``per_task``, ``per_group``, ``overall`` (``aggregate``), ``per_episode``
@@ -911,7 +1008,10 @@ def evaluate_libero(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"--seed: must be an integer, got {seed!r}")
     plan = select_episodes(suites, task_ids, episodes_per_task)
+    from sim.libero.perturb import parse_perturb
     from sim.policies import resolve_policy
+
+    levels = parse_perturb(perturb)
 
     resolved = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
                               realtime=realtime)
@@ -923,6 +1023,8 @@ def evaluate_libero(
         signature["policy_args"] = dict(policy_args)
     if realtime or replan_steps is not None:  # absent from older folders' signatures, which stay resumable
         signature.update(realtime=bool(realtime), replan_steps=replan_steps)
+    if levels:  # absent from older folders' signatures, which stay resumable
+        signature["perturb"] = levels
     step_limits = {t.suite: (max_steps or MAX_EPISODE_STEPS[t.suite]) for t, _ in plan}
     config = {**signature, "step_limits": step_limits, "suites": list(step_limits),
               "task_ids": None if task_ids is None else [int(i) for i in task_ids],
@@ -934,7 +1036,7 @@ def evaluate_libero(
     _refuse_other_settings(out, signature, overwrite)
     settings = _Settings(factory=factory, label=label, env=env, max_steps=max_steps, settle_steps=settle_steps,
                          videos=videos, seed=seed, out=str(out), quiet=third_party_quiet(),
-                         learning_stack=kind != "state")
+                         learning_stack=kind != "state", perturb=levels or None)
     t0 = time.perf_counter()
     created = not out.exists()
     try:
@@ -1032,6 +1134,10 @@ def configure_eval_parser(p: Any, positive_int: Callable[[str], int], non_negati
     p.add_argument("--videos", type=non_negative_int, default=2, metavar="K",
                    help="record the first K episodes of each task as mp4 (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="episode k resets env and policy with seed + k")
+    p.add_argument("--perturb", default=None, metavar="AXIS=L,...",
+                   help="LIBERO-Plus perturbations, levels 1-3: camera (5/10/15 cm, 5/10/15 deg), robot_init "
+                        "(0.1/0.2/0.3 rad a joint), language, light, texture, noise (sigma 4/8/16), layout (2/4/6 cm); "
+                        "each episode's draw is recorded in episodes.jsonl (sim/libero/perturb.py)")
     p.add_argument("--out", required=True, type=Path, help="output folder (resumed when rerun with the same settings)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in a folder that holds another evaluation")
 
@@ -1050,7 +1156,8 @@ def eval_command(args: Any) -> int:
                            task_ids=parse_task_ids(args.tasks), workers=args.workers, max_steps=args.max_steps,
                            settle_steps=args.settle_steps, videos=args.videos, out=args.out, seed=args.seed,
                            overwrite=args.overwrite, progress=True, api_key_file=args.api_key_file,
-                           replan_steps=args.replan_steps, realtime=args.realtime, policy_args=policy_args)
+                           replan_steps=args.replan_steps, realtime=args.realtime, policy_args=policy_args,
+                           perturb=args.perturb)
     print(stdout_table(info))
     out = Path(args.out)
     print(f"-> {out / INFO_FILE}, {out / PAGE_FILE}")
