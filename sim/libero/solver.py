@@ -368,6 +368,40 @@ class _Phase:
     steps: int = 0
 
 
+SPOT_STEP = 0.01  # m: grid of candidate spots in a region
+SPOT_TALL = 0.02  # m: objects standing higher than this above a region's surface take room in it
+
+
+def free_spot(env: LiberoEnv, site: int, body: int) -> np.ndarray:
+    """Offset (2-d) from a region site's centre to put ``body``'s origin at: the centre unless other objects
+    stand in the way there (libero_10's second moka pot, whose stove region holds the first), else the spot
+    of a 1 cm grid inside the region (LIBERO's ``In`` / ``On`` of a region test the origin against the site's
+    box) whose footprint overlaps other objects least, ties to the nearer spot."""
+    model, data = mj_model(env), env.sim.data
+    center = np.array(data.site_xpos[site])
+    half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
+    lo, hi = body_box(env, body)
+    foot = (hi[:2] - lo[:2]) / 2
+    offset = (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[body][:2])  # footprint centre relative to the origin
+    fixture = int(model.body_rootid[model.site_bodyid[site]])  # the region's own fixture (a stove's frame) is no obstacle
+    boxes = [(blo[:2], bhi[:2]) for blo, bhi in _obstacle_boxes(env, (body, fixture))
+             if bhi[2] > center[2] + SPOT_TALL and blo[2] < center[2] + 0.3
+             and np.all(blo[:2] < center[:2] + half + foot) and np.all(bhi[:2] > center[:2] - half - foot)]
+    if not boxes:
+        return np.zeros(2)
+    gx = np.arange(-half[0], half[0] + 1e-9, SPOT_STEP)
+    gy = np.arange(-half[1], half[1] + 1e-9, SPOT_STEP)
+    pts = np.stack(np.meshgrid(gx, gy), axis=-1).reshape(-1, 2)
+    c = center[:2] + pts + offset
+    hit = np.zeros(len(pts))
+    for blo, bhi in boxes:
+        hit += np.prod(np.clip(np.minimum(c + foot, bhi) - np.maximum(c - foot, blo), 0.0, None), axis=1)
+    if hit[np.argmin(np.linalg.norm(pts, axis=1))] == 0.0:
+        return np.zeros(2)  # the centre is free: as before
+    cost = hit + 1e-4 * np.linalg.norm(pts, axis=1)
+    return pts[int(np.argmin(cost))]
+
+
 class PickPlace:
     """Skill for ``('on', obj, target)`` / ``('in', obj, target)``: pick ``obj`` and put it on / in ``target``.
 
@@ -434,6 +468,7 @@ class PickPlace:
         self.rot = topdown_rotation(self.grasp.yaw)
         rest_lo, rest_hi = body_box(self.env, self.body)  # where the object rests
         self._rest_top, self._rest_lo = float(rest_hi[2]), float(rest_lo[2])
+        self._spot = free_spot(self.env, self._site, self.body) if self._site is not None else np.zeros(2)
         self.phase = _Phase("rise")
         self._obj_z0 = float(self.env.sim.data.xpos[self.body][2])
         self._hang = None
@@ -455,7 +490,7 @@ class PickPlace:
 
     def _target_xy(self) -> np.ndarray:
         if self._site is not None:
-            return np.array(self.env.sim.data.site_xpos[self._site][:2])
+            return np.array(self.env.sim.data.site_xpos[self._site][:2]) + self._spot
         return np.array(self.env.sim.data.xpos[self._target_body][:2])
 
     def _travel_z(self, a_xy: np.ndarray, b_xy: np.ndarray, hang: float, exclude: tuple[int, ...]) -> float:

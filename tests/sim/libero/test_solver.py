@@ -220,3 +220,20 @@ def test_bowl_under_the_opened_drawer_is_moved_out_of_its_way_first():
         dlo, dhi = box
         moved_lo, moved_hi = lo[:2] + shift, hi[:2] + shift
         assert not (np.all(moved_lo < dhi[:2] + S.CLEAR_GAP) and np.all(moved_hi > dlo[:2] - S.CLEAR_GAP))
+
+def test_a_region_holding_another_object_gets_the_free_spot_in_it():
+    """The centre of an empty region is the target as before; with the first moka pot standing on the stove's
+    region, the second one's spot is inside the region and off the first pot's footprint."""
+    import mujoco
+
+    with _settled("libero_10", 8) as env:
+        site = mujoco.mj_name2id(S.mj_model(env), mujoco.mjtObj.mjOBJ_SITE, "flat_stove_1_cook_region")
+        pot1, pot2 = S._object_body(env, "moka_pot_1"), S._object_body(env, "moka_pot_2")
+        np.testing.assert_array_equal(S.free_spot(env, site, pot2), np.zeros(2))
+        data = env.sim.data
+        adr = int(S.mj_model(env).jnt_qposadr[S.mj_model(env).body_jntadr[pot1]])
+        data.qpos[adr:adr + 2] = data.site_xpos[site][:2]  # the first pot on the region's centre
+        mujoco.mj_forward(S.mj_model(env), data._data)
+        spot = S.free_spot(env, site, pot2)
+        half = S.mj_model(env).site_size[site][:2]
+        assert np.all(np.abs(spot) <= half + 1e-9) and np.linalg.norm(spot) > 0.03
