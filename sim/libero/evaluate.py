@@ -346,8 +346,8 @@ class _TaskRunner:
                     record["language"] = pt.language
                 return obs, info, True
             rejected.append(why)
-        raise ConfigError(f"--perturb {s.perturb}: {self.task.task_id} init {k}: {P.MAX_REDRAWS + 1} draws all left "
-                          f"the task unsolvable ({rejected[-1]}); lower the levels")
+        raise P.UnsolvablePerturbation(f"--perturb {s.perturb}: {self.task.task_id} init {k}: {P.MAX_REDRAWS + 1} draws "
+                                       f"all left the task unsolvable ({rejected[-1]}); lower the levels")
 
     def _rebuild_policy_for_language(self) -> None:
         """A perturbed instruction reaches the policy: the env's instruction is set and the policy built again
@@ -382,9 +382,11 @@ class _TaskRunner:
                     self._perturbation_image()
             else:
                 obs, info = env.reset(seed=seed, options={"init_state_id": k})
-        except ConfigError:
-            raise
         except Exception as e:  # noqa: BLE001 - a broken sim fails its episode, not the evaluation
+            from sim.libero.perturb import UnsolvablePerturbation
+
+            if isinstance(e, UnsolvablePerturbation):
+                raise  # the levels, not the policy: stop with one line
             obs, info, failure = None, {}, f"sim: reset raised {one_line(e)}"
         if failure is None and want_video:
             frames.append(self._frame())
@@ -937,7 +939,8 @@ def html_page(info: Mapping[str, Any]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>LIBERO evaluation</title><style>{style}"
             f"</style></head><body><h1>LIBERO evaluation: {esc(str(cfg.get('policy')))}</h1><p>{esc(settings)}. "
             "One episode per init state; success = LIBERO's BDDL goal check; 95 % intervals are Wilson's.</p>"
-            f"<h2>Suites</h2>{suites}{by_axis}{perturbed}<h2>Tasks</h2>{tasks}<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
+            f"<h2>Suites</h2>{suites}{by_axis}{perturbed}<h2>Tasks</h2>{tasks}"
+            f"<h2>Videos</h2>{''.join(videos) or '<p>none</p>'}"
             f"<h2>Episodes that failed by a policy, sim or worker error</h2>{errors if crashed else '<p>none</p>'}"
             "</body></html>\n")
 

@@ -38,6 +38,11 @@ import numpy as np
 
 from core.errors import ConfigError
 
+
+class UnsolvablePerturbation(ConfigError):
+    """Every draw of a task's perturbation left it unsolvable: the levels are too large for that scene."""
+
+
 AXES: tuple[str, ...] = ("camera", "robot_init", "language", "light", "texture", "noise", "layout")
 LEVELS: tuple[int, ...] = (1, 2, 3)
 MAX_REDRAWS = 10

@@ -191,7 +191,8 @@ _ON_ITS_SIDE = {"x": (-1.5707963267948966, -1.5707963267948966), "y": (-3.141592
 #: Variant -> (placement rotation, rotation axis) of the objects with their own XML in ``assets/custom_objects``.
 CUSTOM: dict[str, tuple[dict, str | None]] = {
     "red_sticker": (_UPRIGHT, "z"), "blue_red_sticker": (_UPRIGHT, "z"),
-    "red_box": (_ON_ITS_SIDE, None), "libero_mug_yellow": (_ON_ITS_SIDE, None), "libero_mug_green": (_ON_ITS_SIDE, None),
+    "red_box": (_ON_ITS_SIDE, None), "libero_mug_yellow": (_ON_ITS_SIDE, None),
+    "libero_mug_green": (_ON_ITS_SIDE, None),
 }
 
 

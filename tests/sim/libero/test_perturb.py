@@ -109,3 +109,18 @@ def test_eval_records_each_draw_redraws_unsolvable_ones_and_replays(tmp_path):
     res = subprocess.run(cmd[:-3] + ["layout=2", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert res.returncode != 0 and "perturb" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_task_whose_draws_all_fail_stops_with_one_line_and_scores_nothing(tmp_path, monkeypatch):
+    """Levels too large for a scene are the user's settings, not the policy's failure: no episode is recorded."""
+    from sim.libero import evaluate as ev
+
+    monkeypatch.setattr(P, "MAX_REDRAWS", 1)
+    monkeypatch.setattr(P, "PENETRATION_M", -1.0)  # every draw "interpenetrates"
+    with pytest.raises(P.UnsolvablePerturbation) as e:
+        ev.evaluate_libero("expert", "spatial", task_ids=[0], episodes_per_task=1, videos=0, perturb="layout=1",
+                           out=tmp_path / "ev", progress=False)
+    assert "\n" not in str(e.value) and "2 draws all left the task unsolvable" in str(e.value)
+    assert not ev.read_episodes(tmp_path / "ev" / ev.EPISODES_FILE) if (tmp_path / "ev").exists() else True
