@@ -375,6 +375,8 @@ class _TaskRunner:
         settled = False
         try:
             if s.perturb:
+                if k == 0:
+                    self._perturbation_gallery(seed)
                 obs, info, settled = self._perturbed_start(k, seed, record)
                 if self._perturber.language is not None:
                     self._rebuild_policy_for_language()
@@ -463,13 +465,33 @@ class _TaskRunner:
             frame = self._perturber.observe({"image": frame})["image"]
         return frame
 
+    def _perturbation_gallery(self, seed: int) -> None:
+        """``perturbations/<suite>/task<i>_<axis>_L<level>.png``: init state 0 under each level (1-3) of each axis
+        the run perturbs, one at a time, as the policy would see it (before the episode, which resets anew)."""
+        from sim.libero import perturb as P
+
+        if getattr(self, "_perturber", None) is None:
+            self._perturber = P.Perturber(self.env)
+        for axis in self.settings.perturb:
+            for level in P.LEVELS:
+                try:
+                    self.env.reset(seed=seed, options={"init_state_id": 0})
+                    self._perturber.apply(P.draw({axis: level}, seed, self.task.language))
+                    self._save_png(f"task{self.task.index}_{axis}_L{level}.png")
+                finally:
+                    self._perturber.restore()
+
     def _perturbation_image(self) -> None:
         """``perturbations/<suite>/task<i>.png``: the agent view of init state 0 as the policy sees it perturbed."""
+        self._save_png(f"task{self.task.index}.png")
+
+    def _save_png(self, name: str) -> None:
+        """The current agent view as the policy sees it, under ``perturbations/<suite>/``."""
         from PIL import Image
 
         from core.io import atomic_path
 
-        rel = Path(PERTURB_DIR) / self.task.suite / f"task{self.task.index}.png"
+        rel = Path(PERTURB_DIR) / self.task.suite / name
         try:
             frame = self._frame()
             with atomic_path(Path(self.settings.out) / rel) as tmp:
@@ -915,8 +937,15 @@ def html_page(info: Mapping[str, Any]) -> str:
         figs = "".join(f"<figure><img src='{PERTURB_DIR}/{esc(t['suite'])}/task{t['task_index']}.png' width='256'>"
                        f"<figcaption>{esc(t['suite'])}/{t['task_index']} init 0</figcaption></figure>"
                        for t in info["per_task"])
+        first = info["per_task"][0] if info["per_task"] else None
+        gallery = "".join(
+            f"<figure><img src='{PERTURB_DIR}/{esc(first['suite'])}/task{first['task_index']}_{a}_L{lv}.png' "
+            f"width='192'><figcaption>{esc(a)} level {lv}</figcaption></figure>"
+            for a in cfg["perturb"] for lv in (1, 2, 3)) if first else ""
         perturbed = (f"<h2>Perturbation (LIBERO-Plus axes): {esc(levels)}</h2><p>The agent view of each task's init "
-                     "state 0 as the policy sees it; every episode's draw is in episodes.jsonl.</p>" + figs)
+                     "state 0 as the policy sees it; every episode's draw is in episodes.jsonl.</p>" + figs
+                     + (f"<h3>Each axis at each level ({esc(first['suite'])}/{first['task_index']}, init state 0)"
+                        f"</h3>{gallery}" if gallery else ""))
     tasks = table(["suite", "task", "instruction", *head],
                   [[t["suite"], t["task_index"], t["language"], *cells(t)] for t in info["per_task"]])
     videos = []

@@ -89,7 +89,11 @@ def test_eval_records_each_draw_redraws_unsolvable_ones_and_replays(tmp_path):
     assert len(recs) == 3 and all(r["perturbation"]["levels"] == {"layout": 3} for r in recs)
     assert any(r["perturbation"]["rejected"] for r in recs)  # this task's level-3 shifts collide sometimes
     assert (out / "perturbations" / "libero_spatial" / "task0.png").is_file()
-    assert "layout level 3" in (out / "index.html").read_text()
+    page = (out / "index.html").read_text()
+    assert "layout level 3" in page
+    for lv in (1, 2, 3):  # the gallery: the run's axis at every level, each on the page
+        name = f"task0_layout_L{lv}.png"
+        assert (out / "perturbations" / "libero_spatial" / name).is_file() and name in page
     from sim.libero.env import LiberoEnv
 
     r = recs[0]
