@@ -311,10 +311,7 @@ class _TaskRunner:
         observation, info, and whether the settle steps already ran; the draw goes into ``record``."""
         from sim.libero import perturb as P
 
-        env, s = self.env, self.settings
-        if getattr(self, "_perturber", None) is None:
-            self._perturber = P.Perturber(env)
-        pt = self._perturber
+        env, s, pt = self.env, self.settings, self._perturber_of_env()
         noop = np.asarray(NOOP_ACTION, dtype=np.float32)
         physical = any(a in s.perturb for a in P.PHYSICAL)
         reference, resting = None, 0.0
@@ -349,13 +346,24 @@ class _TaskRunner:
         raise P.UnsolvablePerturbation(f"--perturb {s.perturb}: {self.task.task_id} init {k}: {P.MAX_REDRAWS + 1} draws "
                                        f"all left the task unsolvable ({rejected[-1]}); lower the levels")
 
-    def _rebuild_policy_for_language(self) -> None:
-        """A perturbed instruction reaches the policy: the env's instruction is set and the policy built again
-        (an in-process policy reads it when built; a served one with every request)."""
+    def _perturber_of_env(self) -> Any:
+        """The ``sim.libero.perturb.Perturber`` of this task's env, made on first use."""
+        if getattr(self, "_perturber", None) is None:
+            from sim.libero.perturb import Perturber
+
+            self._perturber = Perturber(self.env)
+        return self._perturber
+
+    def _give_policy_the_instruction(self, instruction: str) -> None:
+        """A perturbed instruction reaches the policy: the env's instruction is set; a served policy reads it with
+        every request, an in-process one when it is built, so that one is built again (only when it changed)."""
         meta = self.env.metadata
-        meta["language_instruction"] = meta["bddl_language"] = self._perturber.language
-        self.policy = self.settings.factory(self.env)
-        self.policy = _OneEnv(self.policy) if is_batched(self.policy) else self.policy
+        if meta.get("language_instruction") == instruction:
+            return
+        meta["language_instruction"] = meta["bddl_language"] = instruction
+        if not callable(getattr(self.policy, "reconnect", None)):  # not a served policy
+            self.policy = self.settings.factory(self.env)
+            self.policy = _OneEnv(self.policy) if is_batched(self.policy) else self.policy
 
     def _run_once(self, init_state_id: int) -> dict[str, Any]:
         s, task, env = self.settings, self.task, self.env
@@ -379,7 +387,7 @@ class _TaskRunner:
                     self._perturbation_gallery(seed)
                 obs, info, settled = self._perturbed_start(k, seed, record)
                 if self._perturber.language is not None:
-                    self._rebuild_policy_for_language()
+                    self._give_policy_the_instruction(self._perturber.language)
                 if k == 0:
                     self._perturbation_image()
             else:
@@ -410,8 +418,6 @@ class _TaskRunner:
                 failure = f"server: {one_line(e)}"
             except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
                 failure = f"policy: reset raised {one_line(e)}"
-        if failure is None and not success and s.perturb:
-            success = bool(info.get(INFO_SUCCESS))
         seen = self._perturber.observe if s.perturb else dict
         while failure is None and not success and steps < limit:
             try:
@@ -470,16 +476,15 @@ class _TaskRunner:
         the run perturbs, one at a time, as the policy would see it (before the episode, which resets anew)."""
         from sim.libero import perturb as P
 
-        if getattr(self, "_perturber", None) is None:
-            self._perturber = P.Perturber(self.env)
+        pt = self._perturber_of_env()
         for axis in self.settings.perturb:
             for level in P.LEVELS:
                 try:
                     self.env.reset(seed=seed, options={"init_state_id": 0})
-                    self._perturber.apply(P.draw({axis: level}, seed, self.task.language))
+                    pt.apply(P.draw({axis: level}, seed, self.task.language))
                     self._save_png(f"task{self.task.index}_{axis}_L{level}.png")
                 finally:
-                    self._perturber.restore()
+                    pt.restore()
 
     def _perturbation_image(self) -> None:
         """``perturbations/<suite>/task<i>.png``: the agent view of init state 0 as the policy sees it perturbed."""

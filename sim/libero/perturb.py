@@ -162,6 +162,7 @@ class Perturber:
                           "geom_rgba": m.geom_rgba.copy()}
         self.noise: tuple[float, np.random.Generator] | None = None
         self.language: str | None = None
+        self._surfaces = self._surface_geoms()  # the model's names do not change between episodes
 
     def restore(self) -> None:
         """Undo every model change (camera, lights, colours)."""
@@ -193,7 +194,7 @@ class Perturber:
             m.vis.headlight.diffuse[:] = np.clip(self._original["headlight"] * p["light"]["scale"], 0, 1)
         if "texture" in p:
             tint = np.asarray(p["texture"]["tint"])
-            for g in self._surface_geoms():
+            for g in self._surfaces:
                 m.geom_rgba[g, :3] = self._original["geom_rgba"][g, :3] * tint
                 mat = m.geom_matid[g]
                 if mat >= 0:

@@ -128,3 +128,27 @@ def test_a_task_whose_draws_all_fail_stops_with_one_line_and_scores_nothing(tmp_
                            out=tmp_path / "ev", progress=False)
     assert "\n" not in str(e.value) and "2 draws all left the task unsolvable" in str(e.value)
     assert not ev.read_episodes(tmp_path / "ev" / ev.EPISODES_FILE) if (tmp_path / "ev").exists() else True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_reworded_instruction_reaches_an_in_process_policy(tmp_path):
+    """An in-process policy reads the instruction when it is built: each episode's reworded one is what the policy
+    was built with, and what the record says it got."""
+    from sim.api import RandomPolicy
+    from sim.libero import evaluate as ev
+
+    seen: list[str] = []
+
+    def factory(env):
+        seen.append(env.metadata["language_instruction"])
+        return RandomPolicy(env.action_space)
+
+    info = ev.evaluate_libero(factory, "spatial", task_ids=[0], episodes_per_task=2, videos=0, max_steps=2,
+                              perturb="language=3", out=tmp_path / "ev", progress=False)
+    told = [r["language"] for r in info["per_episode"]]
+    from sim.libero.suites import get_task
+
+    original = get_task("spatial", 0).language
+    assert all(t != original and t in seen for t in told), (told, seen, original)
+    assert seen[0] == original  # built once for the task as it is, then once per new wording
