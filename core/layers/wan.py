@@ -218,6 +218,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 @dataclass
+class _ChunkKeys:
+    """One chunk of a K-projection pass, as every block's attention needs it.
+
+    Built once per pass, not per block: the selections, their indices and the keys' rotary tables are the same
+    in every layer.
+
+    Attributes:
+        emb: (B, D) the chunk's time embedding (its K-projection's input).
+        rows: (n,) long indices of the chunk's queries among the pass's new tokens; None = all of them.
+        earlier: (N,) bool, the new keys of earlier chunks (projected); None = there are none.
+        sel: (n_k,) long indices of the new keys the chunk sees (earlier chunks' and its own); None = all.
+        rope_k: (cos, sin) of the keys it sees, cached ones first, each (M + n_k, head_dim).
+    """
+
+    emb: torch.Tensor
+    rows: torch.Tensor | None
+    earlier: torch.Tensor | None
+    sel: torch.Tensor | None
+    rope_k: tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
 class _PassState:
     """What every block's self-attention needs in one forward pass (passed as the blocks' ``rotary_emb``)."""
 
@@ -225,9 +247,7 @@ class _PassState:
     rope_k: tuple[torch.Tensor, torch.Tensor]
     caches: list[KVCache]
     mask: Any = None  # bool (N, M + N), a BlockMask, or None (full attention)
-    chunk_rows: list[torch.Tensor] = field(default_factory=list)  # per chunk: (N,) bool rows of its queries
-    chunk_keys: list[torch.Tensor] = field(default_factory=list)  # per chunk: (N,) bool new keys of earlier chunks
-    chunk_emb: list[torch.Tensor] = field(default_factory=list)  # per chunk: (B, D) time embedding
+    chunks: list[_ChunkKeys] = field(default_factory=list)  # the K-projection's chunks (empty without it)
     kv_out: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
     owner: Any = None  # the CausalWan (for the K-projection's weights)
 
@@ -259,7 +279,7 @@ class ChunkCausalWanProcessor:
         ck = (ctx[0][0] if len(ctx) == 1 else torch.cat([c[0] for c in ctx], 2)).to(k.dtype) if ctx else None
         vals = torch.cat([c[1].to(v.dtype) for c in ctx] + [v], 2) if ctx else v
         qr = _rotate(q, *st.rope_q)
-        if not st.chunk_emb:  # one pass over all queries: full attention, or the chunk-causal mask
+        if not st.chunks:  # one pass over all queries: full attention, or the chunk-causal mask
             keys = torch.cat([ck, k], 2) if ctx else k
             kr = _rotate(keys, *st.rope_k)
             if st.mask is not None and not isinstance(st.mask, torch.Tensor):
@@ -267,20 +287,27 @@ class ChunkCausalWanProcessor:
             else:
                 out = F.scaled_dot_product_attention(qr, kr, vals, attn_mask=st.mask)
         else:  # the K-projection: each chunk's queries see earlier keys projected with that chunk's parameters
-            out = torch.empty_like(qr)
             m = 0 if ck is None else ck.shape[2]
-            for rows, earlier, emb in zip(st.chunk_rows, st.chunk_keys, st.chunk_emb, strict=True):
-                gamma, u, w = st.owner.kproj_params(emb, self.layer)
-                new_sel = earlier | rows
-                kk = torch.where(earlier[None, None, :, None], CausalWan.project_keys(k, (gamma, u, w)), k)
-                keys = kk[:, :, new_sel]
-                cos_k, sin_k = st.rope_k[0][m:][new_sel], st.rope_k[1][m:][new_sel]
-                vv = vals[:, :, m:][:, :, new_sel]
+            out = None if len(st.chunks) == 1 and st.chunks[0].rows is None else torch.empty_like(qr)
+            for ch in st.chunks:
+                params = st.owner.kproj_params(ch.emb, self.layer)
+                kk = k if ch.earlier is None else torch.where(ch.earlier[None, None, :, None],
+                                                              CausalWan.project_keys(k, params), k)
+                keys = kk if ch.sel is None else kk[:, :, ch.sel]
+                if ch.sel is None:
+                    vv = vals
+                else:
+                    vv = vals[:, :, m:][:, :, ch.sel]
+                    if ck is not None:
+                        vv = torch.cat([vals[:, :, :m], vv], 2)
                 if ck is not None:
-                    keys = torch.cat([CausalWan.project_keys(ck, (gamma, u, w)), keys], 2)
-                    cos_k, sin_k = torch.cat([st.rope_k[0][:m], cos_k]), torch.cat([st.rope_k[1][:m], sin_k])
-                    vv = torch.cat([vals[:, :, :m], vv], 2)
-                out[:, :, rows] = F.scaled_dot_product_attention(qr[:, :, rows], _rotate(keys, cos_k, sin_k), vv)
+                    keys = torch.cat([CausalWan.project_keys(ck, params), keys], 2)
+                att = F.scaled_dot_product_attention(qr if ch.rows is None else qr[:, :, ch.rows],
+                                                     _rotate(keys, *ch.rope_k), vv)
+                if out is None:
+                    out = att
+                else:
+                    out[:, :, ch.rows] = att
         out = out.transpose(1, 2).flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -478,12 +505,18 @@ class CausalWan(nn.Module):
             tok_chunks = (torch.zeros(f, dtype=torch.long, device=dev) if chunks is None
                           else chunks.to(dev).long()).repeat_interleave(n_per)
             if self.kproj is not None:
+                n_new = tok_chunks.numel()
                 for cid in uniq:
                     rows = tok_chunks == cid
-                    state.chunk_rows.append(rows)
-                    state.chunk_keys.append(tok_chunks < cid)
-                    sel = rows[::n_per]
-                    state.chunk_emb.append(self._time_embedding(t[:, sel].mean(1)))
+                    earlier = tok_chunks < cid
+                    seen = earlier | rows
+                    n_rows, n_earlier, n_seen = (int(x) for x in torch.stack([rows.sum(), earlier.sum(), seen.sum()]))
+                    sel = None if n_seen == n_new else seen.nonzero().squeeze(1)
+                    rope = rope_k if sel is None else tuple(torch.cat([r[:m], r[m:][sel]]) for r in rope_k)
+                    state.chunks.append(_ChunkKeys(
+                        emb=self._time_embedding(t[:, rows[::n_per]].mean(1)),
+                        rows=None if n_rows == n_new else rows.nonzero().squeeze(1),
+                        earlier=earlier if n_earlier else None, sel=sel, rope_k=rope))
             elif len(uniq) > 1:
                 backend = self.attention if self.attention != "auto" else ("flex" if dev.type == "cuda" else "sdpa")
                 if backend == "flex" and dev.type == "cpu" and torch.is_grad_enabled():
