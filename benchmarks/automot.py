@@ -18,10 +18,21 @@ best of each group):
 Model: ``configs/model/automot.yaml`` sizes, random weights (no checkpoint needed); batch 1 (a policy acts for
 one car). ``--quick``: fewer repeats.
 
-Goals: the paper's claim of asynchronous inference, as the workspace measured it when the claim was first
-checked here (``driving/automot/RESULTS.md``: N = 1 / 2 / 4 at 1 / 0.55-0.59 / 0.35-0.37 of the synchronous
-per-step time): ``async_n2_vs_sync <= 0.6`` and ``async_n4_vs_sync <= 0.35``. ``joint_forward_vs_sync <= 1.2``:
-the joint pass and the cached path do the same work.
+Arithmetic floor: the floating-point work of one ``encode_prefix`` (E) and one ``act`` (A), counted by
+``torch.utils.flop_counter`` with attention in its math form (so its matmuls count). No implementation of the
+same model does less work, so a step re-encoding every N steps costs at least ``(E / N + A) / (E + A)`` of a
+synchronous step, if time followed work: ``floor_n2`` / ``floor_n4`` in the figures.
+    async_n2_vs_floor / async_n4_vs_floor  the measured ratio over that floor (1 = no overhead beyond the work).
+
+At the shipped size the action expert's D + P tokens (99) attend over the whole prefix (165 tokens) at the
+VLM's head width, so A is about a third of E and the floors are about 0.62 (N = 2) and 0.44 (N = 4): the
+0.55-0.59 / 0.35-0.37 once recorded in ``driving/automot/RESULTS.md`` lie below what this model can do and did
+not reproduce at the commit that recorded them. So those ratios are plain figures here, and the goals hold the
+asynchronous path to its floor.
+
+Goals: ``async_n2_vs_floor`` and ``async_n4_vs_floor <= 1.15`` (limit: the arithmetic floor plus a step's
+bookkeeping); ``async_n4_vs_sync <= 0.5`` (the same floor at this size, 0.44, plus 15 %);
+``joint_forward_vs_sync <= 1.2``: the joint pass and the cached path do the same work.
 """
 
 from __future__ import annotations
@@ -44,15 +55,28 @@ from benchmarks.common import (
 
 # Every reported ratio: held to a goal (its target and where the number comes from) or a plain figure.
 GOALS = {
-    "async_n2_vs_sync": Goal("<= 0.6", (
-        "claim: the paper's asynchronous inference, as measured here when first checked (driving/automot/RESULTS.md: "
-        "0.55-0.59)")),
-    "async_n4_vs_sync": Goal("<= 0.35", (
-        "claim: the paper's asynchronous inference, as measured here when first checked (driving/automot/RESULTS.md: "
-        "0.35-0.37)")),
+    "async_n2_vs_floor": Goal("<= 1.15", (
+        "limit: (E / 2 + A) / (E + A) with E, A the counted FLOPs of encode_prefix and act (docstring), plus "
+        "bookkeeping")),
+    "async_n4_vs_floor": Goal("<= 1.15", (
+        "limit: (E / 4 + A) / (E + A) with E, A the counted FLOPs of encode_prefix and act (docstring), plus "
+        "bookkeeping")),
+    "async_n4_vs_sync": Goal("<= 0.5", (
+        "limit: the paper's asynchronous inference at N = 4 at this size: the arithmetic floor (0.44, "
+        "docstring) plus 15 %")),
     "joint_forward_vs_sync": Goal("<= 1.2", "limit: the joint pass does the work of encode_prefix + act"),
 }
-FIGURES_ONLY = ("async_n4_vs_limit", "refiner_vs_coarse")
+FIGURES_ONLY = ("async_n2_vs_sync", "async_n4_vs_limit", "refiner_vs_coarse")
+
+
+def flops(fn) -> int:
+    """Floating-point operations of ``fn()`` (attention in its math form, so that its matmuls are counted)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
 
 
 def _model(device: str):
@@ -106,7 +130,11 @@ def main(argv=None) -> None:
                     refiner.refine(out.features, out.waypoints, generator=torch.Generator().manual_seed(t))
         return go
 
-    prefix = mot.encode_prefix(batch)
+    with torch.no_grad():
+        prefix = mot.encode_prefix(batch)
+    work = {"encode_prefix": flops(lambda: mot.encode_prefix(batch)), "act": flops(lambda: mot.act(prefix, batch))}
+    e, a = work["encode_prefix"], work["act"]
+    floor = {n: (e / n + a) / (e + a) for n in (2, 4)}
 
     @torch.no_grad()
     def limit():
@@ -123,17 +151,22 @@ def main(argv=None) -> None:
     t = interleaved(fns, warmup=1, repeats=REPEATS * (1 if args.quick else 3), device=device)
     ms = {k: 1e3 * v.best / steps for k, v in t.items()}
     print_table([{"path": k, "ms per step": v} for k, v in ms.items()])
+    print(f"work: encode_prefix {e / 1e6:.1f} MFLOP, act {a / 1e6:.1f} MFLOP -> floors N = 2: {floor[2]:.3f}, "
+          f"N = 4: {floor[4]:.3f} of a synchronous step")
 
     def ratios_of(g):
         b = {k: v.best for k, v in g.items()}
         return {"async_n2_vs_sync": b["async_n2"] / b["sync"], "async_n4_vs_sync": b["async_n4"] / b["sync"],
+                "async_n2_vs_floor": b["async_n2"] / b["sync"] / floor[2],
+                "async_n4_vs_floor": b["async_n4"] / b["sync"] / floor[4],
                 "async_n4_vs_limit": b["async_n4"] / b["limit"], "refiner_vs_coarse": b["sync_refiner"] / b["sync"],
                 "joint_forward_vs_sync": b["joint"] / b["sync"]}
 
     ratios = collect([ratios_of(g) for g in split_runs(t)])
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     write_result("automot", f"{device} ({name})" if device.startswith("cuda") else "cpu", args.quick, ratios,
-                 {"ms_per_step": ms, "steps": steps, "wall_clock": time.strftime("%Y-%m-%d %H:%M")},
+                 {"ms_per_step": ms, "steps": steps, "wall_clock": time.strftime("%Y-%m-%d %H:%M"),
+                  "mflops": {k: v / 1e6 for k, v in work.items()}, "floor_n2": floor[2], "floor_n4": floor[4]},
                  {"model": "configs/model/automot.yaml (random weights)", "batch": 1,
                   "u_tokens": int(batch["input_ids"].shape[1]), "refiner_steps": refiner.config.steps},
                  goals=GOALS, figures_only=FIGURES_ONLY)
