@@ -51,25 +51,30 @@ def simulators_section(ctx: DemoContext) -> DemoSection:
     for i in ids:
         fam = "libero" if "/Libero-" in i else "driving" if "/Drive-" in i else "manipulation"
         families[fam] = families.get(fam, 0) + 1
-    runs = [  # LIBERO: the privileged expert that solves the task, to the suite's step limit (220)
-        ("reach_panda", "embodied/Reach-Panda-v0", 4, "scripted"),
-        ("lift_kinova3", "embodied/Lift-Kinova3-v0", 1, "scripted"),
-        ("drive_highway", "embodied/Drive-Highway-v0", 1, "scripted"),
-        ("libero_spatial_0", "embodied/Libero-spatial-0-v0", 1, "expert"),
+    from core.resources import asset
+
+    shipped_bc = asset("checkpoints", "bc_libero")
+    runs = [  # LIBERO: the privileged expert that solves the task, to the suite's step limit (220), and the
+        # shipped learned policy (images + proprio + instruction) on the same task
+        ("reach_panda", "embodied/Reach-Panda-v0", 4, "scripted", "scripted"),
+        ("lift_kinova3", "embodied/Lift-Kinova3-v0", 1, "scripted", "scripted"),
+        ("drive_highway", "embodied/Drive-Highway-v0", 1, "scripted", "scripted"),
+        ("libero_spatial_0", "embodied/Libero-spatial-0-v0", 1, "expert", "expert"),
+        ("libero_spatial_0_bc", "embodied/Libero-spatial-0-v0", 1, str(shipped_bc), "shipped BC"),
     ]
     rows, videos = [], []
-    for folder, env_id, episodes, policy in runs:
+    for folder, env_id, episodes, policy, name in runs:
         if env_id not in gym.registry:
             rows.append({"env": env_id, "status": "not registered"})
             continue
         res = _record(ctx, env_id, episodes, folder, policy=policy)
         s = res.summary
-        rows.append({"env": env_id, "policy": policy, "embodiment": s.get("embodiment"), "episodes": s["episodes"],
+        rows.append({"env": env_id, "policy": name, "embodiment": s.get("embodiment"), "episodes": s["episodes"],
                      "success_rate": s["success_rate"], "mean_length": s["mean_length"],
                      "steps/s": s.get("steps_per_s", float("nan")), "hdf5": ctx.rel(s["hdf5"])})
         if s.get("videos"):
-            videos.append(video_tag(ctx.rel(s["videos"][0]), f"{env_id} ({policy})", width=192))
-        ctx.artifacts[f"rollout:{env_id}"] = s["hdf5"]
+            videos.append(video_tag(ctx.rel(s["videos"][0]), f"{env_id} ({name})", width=192))
+        ctx.artifacts[f"rollout:{env_id}" + ("" if name in ("scripted", "expert") else f" ({name})")] = s["hdf5"]
     fam_rows = [{"family": k, "environments": v} for k, v in sorted(families.items())]
     body = ("<h3>Registered environments</h3>" + table(fam_rows)
             + "<h3>Expert rollouts, recorded as HDF5 (robomimic / LIBERO layout) + mp4</h3>"
@@ -79,10 +84,13 @@ def simulators_section(ctx: DemoContext) -> DemoSection:
         lead="`embodied sim list` shows every environment; `embodied sim rollout ENV --policy scripted|expert` "
              "records the episodes below. Success here is over a handful of episodes — see the sim benchmark, "
              "tests and sim/libero/RESULTS.md for measured rates. On LIBERO the task-solving expert acts "
-             "(`--policy expert`: it reads the simulator's state; 98 % of libero_spatial's 500 episodes). No "
-             "learned LIBERO policy ships yet.",
+             "(`--policy expert`: it reads the simulator's state; 98 % of libero_spatial's 500 episodes), then "
+             "the shipped learned policy (`assets/checkpoints/bc_libero`: the agent-view and wrist cameras, "
+             "proprio and the instruction; its libero_spatial rate is in its model card).",
         body=body,
-        figures={"environments": len(ids), **{r["env"]: r.get("success_rate") for r in rows}},
+        figures={"environments": len(ids),
+                 **{r["env"] + ("" if r.get("policy") in (None, "scripted", "expert") else f" ({r['policy']})"):
+                    r.get("success_rate") for r in rows}},
     )
 
 
