@@ -205,3 +205,20 @@ def test_gradient_checkpointing_covers_both_cameras_and_keeps_the_loss():
     ref = m.training_step(batch)["loss"]
     m.enable_gradient_checkpointing()
     torch.testing.assert_close(m.training_step(batch)["loss"], ref)
+
+
+def test_bc_without_a_checkpoint_on_a_libero_env_is_the_shipped_policy():
+    """``--policy bc`` on LIBERO, from any folder: the shipped frozen-feature policy, which reads the env's 64 px
+    cameras and knows libero_spatial's instructions; another env still needs a checkpoint."""
+    from core.errors import ConfigError
+    from worldmodels.bc import task
+
+    env = _LiberoLikeEnv({"language_instruction": "pick up the black bowl next to the ramekin and place it on the "
+                                                  "plate"})
+    env.observation_space = spaces.Dict({k: spaces.Box(0, 255, (64, 64, 3), np.uint8) for k in ("image", "wrist_image")}
+                                        | {"proprio": env.observation_space["proprio"]})
+    policy = task.make_policy(env)
+    assert policy.model.config.backbone == "efficientnet_lite0" and len(policy.model.config.task_texts) == 10
+    assert policy.text is not None
+    with pytest.raises(ConfigError, match="trained checkpoint"):
+        task.make_policy(type("Env", (), {"action_space": env.action_space, "metadata": {}})())

@@ -291,16 +291,22 @@ def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def make_policy(env: Any, checkpoint: str | Path | None = None):
-    """``core.registry.POLICIES`` factory: a ``BCPolicy`` for ``env`` from a checkpoint directory (required)."""
+    """``core.registry.POLICIES`` factory: a ``BCPolicy`` for ``env`` from a checkpoint directory. Without one, a
+    LIBERO env gets the shipped libero_spatial policy (``assets/checkpoints/bc_libero``: ``--policy bc`` from any
+    folder); other envs need a checkpoint."""
     from core.checkpoint import require_checkpoint
     from sim.api import PolicySpec
     from worldmodels.bc.modeling_bc import BCPolicyModel
     from worldmodels.bc.pipeline_bc import BCPolicy
 
+    base = getattr(env, "unwrapped", env)
+    if checkpoint is None and getattr(base, "demo_obs_sources", None):
+        from core.resources import asset
+
+        checkpoint = asset("checkpoints", "bc_libero")
     model = BCPolicyModel.from_pretrained(require_checkpoint(checkpoint, "bc"))
     c = model.config
     space = env.action_space
-    base = getattr(env, "unwrapped", env)
     env_keys = set(getattr(env.observation_space, "spaces", {}) or {})
     wanted = [*c.image_keys, *(c.proprio_keys if c.proprio_dim else [])]
     adapter, sources = None, {k: k for k in wanted}
