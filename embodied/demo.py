@@ -119,7 +119,8 @@ def final_paths_on_console(out: str | Path, shown: str | Path | None) -> Iterato
         return
     pairs = final_path_pairs(out, shown, typed=shown)
     handlers = [h for name in ("embodied", None) for h in logging.getLogger(name).handlers
-                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+                and not getattr(h.stream, "closed", False)]  # a handler left on a closed stream writes nothing
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _ShowFinal(sys.stdout, pairs), _ShowFinal(sys.stderr, pairs)
     streams = [h.setStream(_ShowFinal(h.stream, pairs)) for h in handlers]
