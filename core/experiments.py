@@ -271,6 +271,32 @@ class Grid:
         logs = {c.name: c.log for c in cells}
         return run_jobs([(c.name, c.run) for c in cells], workers, first_alone, logs)
 
+    def evaluate(self, variants: Mapping[str, Sequence[str]], workers: int = 1) -> list[Failure]:
+        """Evaluate every finished cell again under each variant (e.g. a degradation of the test data).
+
+        Args:
+            variants: result file -> the eval overrides that write it (``{"eval_jpeg75.json":
+                ["data.degrade='jpeg=75'"]}``); a cell whose file exists is not evaluated again.
+            workers: evaluations at a time.
+
+        Returns:
+            The failures (see :func:`run_jobs`); cells not done are left out.
+        """
+        jobs, logs = [], {}
+        for c in self.cells():
+            if not c.done():
+                continue
+            for result, over in variants.items():
+                def one(c=c, result=result, over=tuple(over)) -> bool:
+                    if (c.run_dir / result).is_file():
+                        return False
+                    run_cli(["eval", c.method, *c.overrides, *c.eval_overrides, *over], c.log, c.threads)
+                    return True
+                name = f"{c.name} {Path(result).stem}"
+                jobs.append((name, one))
+                logs[name] = c.log
+        return run_jobs(jobs, workers, logs=logs)
+
     def collect(self) -> dict[str, dict[int, Any]]:
         """The finished cells' results: arm -> seed -> the result JSON (arms and seeds in grid order)."""
         out: dict[str, dict[int, Any]] = {}

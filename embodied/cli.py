@@ -299,9 +299,18 @@ def _method_config(args):
             owners = [s.name for s in method_specs() if any(_flag_dest(f.name) == name for f in s.flags)]
             raise ConfigError(f"--{name[5:].replace('_', '-')}: method {args.method!r} has no such option "
                               f"({', '.join(owners)} {'has' if len(owners) == 1 else 'have'})")
-        overrides.append(f"{flag.override}={value}")
+        overrides.append(f"{flag.override}={_override_value(value)}")
     cfg = compose([f"experiment={args.method}", *arm_overrides(spec, args.arm), *overrides])
     return METHODS.get(args.method), cfg
+
+
+def _override_value(value: str) -> str:
+    """A flag's value as a Hydra override value: quoted when it is not a plain token (``jpeg=75,blur=1``)."""
+    import re
+
+    if re.fullmatch(r"[\w.\-/:+]*", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def arm_overrides(spec, arm: str | None) -> list[str]:

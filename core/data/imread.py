@@ -27,7 +27,7 @@ import numpy as np
 
 from core.errors import DataError
 
-__all__ = ["read_image"]
+__all__ = ["read_image", "read_square", "square"]
 
 _EXIF_ORIENTATION = 0x0112
 # EXIF orientation -> the transform that shows the stored pixels upright (as PIL.ImageOps.exif_transpose).
@@ -138,16 +138,27 @@ def _to_rgb8(arr: np.ndarray, path: Path) -> np.ndarray:
     return np.ascontiguousarray(np.clip(np.rint(c), 0, 255).astype(np.uint8))
 
 
+def square(img: np.ndarray, size: int) -> np.ndarray:
+    """An (H, W, 3) image -> (size, size, 3): centre-cropped to a square, then resized.
+
+    Area interpolation when shrinking (no aliasing); bilinear when enlarging (area interpolation enlarges like
+    nearest-neighbour, which would add blocks a forensic detector reads as upsampling traces).
+    """
+    import cv2
+
+    h, w = img.shape[:2]
+    s = min(h, w)
+    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    if s == size:
+        return np.ascontiguousarray(img)
+    mode = cv2.INTER_AREA if s > size else cv2.INTER_LINEAR
+    return np.ascontiguousarray(cv2.resize(img, (size, size), interpolation=mode))
+
+
 def read_square(path: str | os.PathLike, size: int) -> np.ndarray:
-    """An image file -> (size, size, 3) uint8 RGB: centre-cropped to a square, then area-resized.
+    """An image file -> (size, size, 3) uint8 RGB: centre-cropped to a square, then resized (:func:`square`).
 
     The conditioning frame of video models (Flex-Forcing's continuation, TAGRPO's image-to-video). Errors are
     ``read_image``'s one-line ``DataError`` naming the file.
     """
-    import cv2
-
-    img = read_image(Path(path))
-    h, w = img.shape[:2]
-    s = min(h, w)
-    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
-    return np.ascontiguousarray(cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA))
+    return square(read_image(Path(path)), size)

@@ -94,6 +94,9 @@ class DeepVRMDataConfig:
     ``explain_fraction``: share of training examples asked with the explain prompt (answer + reason) instead of
     the verdict-only prompt. QA: ``qa_train`` / ``qa_test`` images under ``qa_root`` (``perception.forensics.qa``);
     ``eval_qa`` caps the QA questions scored at evaluation, ``eval_n`` the images per generator and class.
+    ``degrade``: evaluate on degraded val images (``perception.forensics.degrade``: ``jpeg=75``, ``resize=0.5``,
+    ``blur=1``, joined by commas; ``none``), written to ``eval_<tag>.json`` without the QA; ``embodied eval
+    deepvrm --degrade jpeg=75`` sets it.
     """
 
     root: str = "outputs/datasets/genimage"
@@ -113,10 +116,14 @@ class DeepVRMDataConfig:
     eval_qa: int | None = None
     eval_n: int | None = None
     eval_batch: int = 64
+    degrade: str = "none"
 
     def __post_init__(self) -> None:
+        from perception.forensics.degrade import canonical
+
         if not self.stage1:
             raise ConfigError("data.stage1 must name at least one generator")
+        self.degrade = canonical(self.degrade)
         trained = set(self.stage1) | set(self.stage2)
         unknown = trained - set(self.generators)
         if unknown:

@@ -2,6 +2,7 @@
 
     embodied experiment deepvrm --out outputs/deepvrm_exp --seeds 0 1 \
         [--arms deepvrm lora full freq_cnn feature_probe] [--workers 2] [--extra k=v ...] [--collect-only] [--ship]
+        [--degrade jpeg=95 jpeg=75 jpeg=50 resize=0.5 resize=2 blur=1 blur=2 | none]
 
 The arms are Deep-VRM's registered arms (``perception/forensics/register.py``). Every arm trains on the same
 GenImage-layout set (``data.root``; built on first use), the same steps and the same evaluation (the
@@ -9,7 +10,11 @@ GenImage-layout set (``data.root``; built on first use), the same steps and the 
 VLM arms start from the same base VLM (``model.base_path``, pretrained on image QA on first use, by the first run
 alone). A run with an ``eval.json`` is not rerun. Then the layer-wise probe of the base (``probe.json``) and
 ``summary.json`` / ``summary.md``: accuracy / AP per generator (the held-out family marked), the general-ability
-QA accuracy after training against the base's, mean and spread over seeds.
+QA accuracy after training against the base's, mean and spread over seeds. Then the robustness table
+(AIGIBench's protocol): every trained run evaluated again on the same val images degraded (``--degrade``:
+JPEG quality 95 / 75 / 50, resize 0.5x / 2x, Gaussian blur sigma 1 / 2 by default; ``eval_<tag>.json`` in each
+run folder, made by ``embodied eval deepvrm --degrade LEVEL``), mean accuracy / AP over the families and the
+held-out family's, per arm and level.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from core import experiments as ex
 from core.io import read_json, write_json
+from perception.forensics.degrade import LEVELS, canonical, tag
 
 ARMS = ("deepvrm", "lora", "full", "freq_cnn", "feature_probe")  # the registered arms, in table order
 LABELS = {"deepvrm": "Deep-VRM", "lora": "LoRA only (no residual)", "full": "full fine-tuning",
@@ -73,11 +79,31 @@ def summarise(out: Path, command: str = "") -> dict[str, Any]:
         if "qa" in rows[arm]:
             rows[arm]["qa_base"] = evs[0]["qa_exact_match_base"]["acc"]
     summary = {"command": command, "generators": gens, "holdout": holdout, "rows": rows,
-               "trained_on": next(iter(runs.values()))[0]["trained_on"] if runs else []}
+               "trained_on": next(iter(runs.values()))[0]["trained_on"] if runs else [],
+               "robustness": robustness(out, list(runs), holdout)}
     if (out / "probe.json").is_file():
         summary["probe"] = read_json(out / "probe.json")
     ex.write_summary(out, summary, table(summary))
     return summary
+
+
+def robustness(out: Path, arms: list[str], holdout: str | None) -> dict[str, Any]:
+    """Arm -> level -> mean ± sd over seeds of the mean and held-out accuracy / AP, for every level some run was
+    evaluated at (``eval_<tag>.json``; ``clean`` is ``eval.json``), levels in ``LEVELS`` order then the rest."""
+    files = {"clean": "eval.json"}
+    found = sorted({f.name for f in Path(out).glob("*/eval_*.json")})
+    known = {f"eval_{tag(lv)}.json": canonical(lv) for lv in LEVELS}
+    for name in [n for n in known if n in found] + [n for n in found if n not in known]:
+        files[known.get(name) or read_json(next(Path(out).glob(f"*/{name}")))["degrade"]] = name
+    metrics = {"mean.acc": "per_generator/mean/acc", "mean.ap": "per_generator/mean/ap"}
+    if holdout:
+        metrics |= {"holdout.acc": f"per_generator/{holdout}/acc", "holdout.ap": f"per_generator/{holdout}/ap"}
+    table: dict[str, Any] = {"levels": list(files), "rows": {}}
+    for level, name in files.items():
+        found_runs = ex.collect(out, result=name, arms=arms)
+        for arm, by_seed in found_runs.items():
+            table["rows"].setdefault(arm, {})[level] = ex.seed_stats(by_seed.values(), metrics)
+    return table if len(files) > 1 else {}
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -89,6 +115,15 @@ def table(summary: dict[str, Any]) -> str:
                 ex.Column("QA exact match after (base)", ("qa", "qa_base"), 100, 1, template="{0} ({1})", missing="n/a")]
     text = ex.arm_table(summary["rows"], columns, labels=LABELS)
     text += f"\n\nMean ± sd over seeds, in %. Trained on {summary['trained_on']}.\n"
+    rob = summary.get("robustness") or {}
+    if rob:
+        levels = rob["levels"]
+        for key, what in (("mean", "mean over the families"), ("holdout", f"the held-out family ({hold})")):
+            text += (f"\nUnder degradation (AIGIBench's protocol; trained on clean images): accuracy / AP of {what}, "
+                     "in %, mean ± sd over seeds:\n\n")
+            rows = [[LABELS.get(arm, arm)] + [ex.Column("", (f"{key}.acc", f"{key}.ap"), 100, 1).cell(by.get(lv, {}))
+                                              for lv in levels] for arm, by in rob["rows"].items()]
+            text += ex.markdown_table(["arm", *levels], rows) + "\n"
     if "probe" in summary:
         p = summary["probe"]
         text += f"\nLayer-wise linear probe of the base (accuracy entering each layer; K = {p['inject_layer']}):\n\n"
@@ -141,6 +176,7 @@ def ship(out: Path, seed: int, extra: list[str], per_class: int = 2, run: Path |
 
 def run(a) -> int:
     """``embodied experiment deepvrm``: every arm on every seed, the probe, the table (and ``--ship``)."""
+    levels = [lv for lv in dict.fromkeys(canonical(x) for x in a.degrade) if lv != "none"]  # checked first
     failures = []
     if not a.collect_only:
         grid = ex.Grid("deepvrm", a.out, ex.pick_arms(ex.method_arms("deepvrm"), a.arms), a.seeds,
@@ -148,8 +184,9 @@ def run(a) -> int:
         failures = grid.run(a.workers, first_alone=True)  # the first builds the data and the base VLM
         if not a.no_probe and not failures:
             probe(a.out, a.extra)
+        failures += grid.evaluate({f"eval_{tag(lv)}.json": [f"data.degrade='{lv}'"] for lv in levels}, a.workers)
     summary = summarise(a.out, "embodied experiment deepvrm " + " ".join(
-        [f"--out {a.out}", "--seeds", *map(str, a.seeds), "--arms", *a.arms]
+        [f"--out {a.out}", "--seeds", *map(str, a.seeds), "--arms", *a.arms, "--degrade", *a.degrade]
         + (["--extra", *a.extra] if a.extra else [])))
     print(table(summary))
     if a.ship:
@@ -161,6 +198,10 @@ EXPERIMENT = ex.Experiment(
     run, out="outputs/deepvrm_exp", arms=ARMS,
     options=(("--extra", dict(nargs="*", default=[], help="more overrides for every run (k=v)")),
              ("--no-probe", dict(action="store_true")),
+             ("--degrade", dict(nargs="+", default=list(LEVELS), metavar="LEVEL",
+                                help="evaluate every trained run again on degraded val images at these levels "
+                                     "(jpeg=Q, resize=F, blur=SIGMA; none: skip); default: "
+                                     + " ".join(LEVELS))),
              ("--ship", dict(action="store_true", help="copy deepvrm seed 0's detector to assets/checkpoints/deepvrm "
                                                        "and the table to assets/samples/deepvrm")),
              ("--ship-run", dict(type=Path, default=None, help="with --ship: the run folder whose detector is "

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from core.errors import DataError
@@ -118,17 +117,21 @@ def scan(root: str | os.PathLike, split: str, generators: list[str] | tuple[str,
 
 
 class GenImageDataset(torch.utils.data.Dataset):
-    """Images of a GenImage layout, centre-cropped to a square and area-resized to ``size``.
+    """Images of a GenImage layout, centre-cropped to a square and resized to ``size`` (``core.data.imread.square``).
 
-    A sample is ``{"image": (size, size, 3) uint8 RGB ndarray, "label": int (1 = ai), "generator": str,
-    "path": str}``. Unreadable files raise ``DataError`` naming the file (``core.data.imread.read_square``).
+    ``degrade``: a degradation spec (``perception.forensics.degrade``: ``"jpeg=75"``, ``"resize=0.5"``, ...)
+    applied to each decoded file before the crop and resize, as a re-posted image reaches a detector. A sample is
+    ``{"image": (size, size, 3) uint8 RGB ndarray, "label": int (1 = ai), "generator": str, "path": str}``. Unreadable files raise ``DataError`` naming the file (``core.data.imread.read_image``).
     """
 
-    def __init__(self, items: list[GenImageItem], size: int = 64):
+    def __init__(self, items: list[GenImageItem], size: int = 64, degrade: str | None = None):
+        from perception.forensics.degrade import parse
+
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.items = list(items)
         self.size = size
+        self.degrade = parse(degrade)
 
     @classmethod
     def from_root(cls, root: str | os.PathLike, split: str, size: int = 64,
@@ -140,10 +143,14 @@ class GenImageDataset(torch.utils.data.Dataset):
         return len(self.items)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        from core.data.imread import read_square
+        from core.data.imread import read_image, square
+        from perception.forensics.degrade import apply
 
         item = self.items[index]
-        image: np.ndarray = read_square(item.path, self.size)
+        image = read_image(item.path)
+        if self.degrade:
+            image = apply(image, self.degrade)
+        image = square(image, self.size)
         return {"image": image, "label": item.label, "generator": item.generator, "path": str(item.path)}
 
 

@@ -1,6 +1,6 @@
 """Registers Deep-VRM (named in pyproject's ``embodied.methods`` entry points)."""
 
-from core.registry import InferSpec, register_method
+from core.registry import Flag, InferSpec, register_method
 from perception.forensics.views import DEFAULT_VIEWS
 
 register_method(
@@ -15,6 +15,8 @@ register_method(
     experiment="perception.forensics.experiments:EXPERIMENT",
     headline=[("per_generator.*.acc", ""), ("qa_exact_match.acc", ""), ("qa_exact_match_base.acc", "")],
     demo="perception.forensics.demo:demo_section",
+    flags=[Flag("--degrade", "data.degrade", "evaluate on degraded val images: jpeg=Q, resize=F, blur=SIGMA (joined "
+                "by commas) or none; writes eval_<tag>.json")],
     # same base VLM, data, steps, harness; out_dir follows model.arm
     arms={"deepvrm": [], "lora": ["model.arm=lora"], "full": ["model.arm=full"],
           "freq_cnn": ["model.arm=freq_cnn"], "feature_probe": ["model.arm=feature_probe"]},

@@ -78,10 +78,12 @@ def parse_answer(text: str) -> tuple[str | None, str]:
 
 
 # -- data --------------------------------------------------------------------------------------------------------
-def load_split(root: str | Path, split: str, generators: list[str], size: int, limit: int | None = None):
+def load_split(root: str | Path, split: str, generators: list[str], size: int, limit: int | None = None,
+               degrade: str | None = None):
     """(images (N, S, S, 3) uint8, labels (N,), generators (N,) str) of ``generators``' ``split``.
 
-    ``limit``: at most this many images per generator and class (the first ones, deterministic).
+    ``limit``: at most this many images per generator and class (the first ones, deterministic). ``degrade``: a
+    degradation applied to every decoded file (``perception.forensics.degrade``).
     """
     from perception.forensics.genimage import GenImageDataset, scan
 
@@ -94,7 +96,7 @@ def load_split(root: str | Path, split: str, generators: list[str], size: int, l
                 kept.append(it)
                 seen[key] = seen.get(key, 0) + 1
         items = kept
-    ds = GenImageDataset(items, size)
+    ds = GenImageDataset(items, size, degrade)
     images = np.stack([ds[i]["image"] for i in range(len(ds))]) if len(ds) else np.zeros((0, size, size, 3), np.uint8)
     return images, np.array([it.label for it in items], np.int64), np.array([it.generator for it in items])
 
@@ -408,7 +410,12 @@ def train(cfg) -> dict[str, Any]:
 
 
 def evaluate(cfg) -> dict[str, Any]:
-    """Evaluate a trained arm on every generator's val split (+ QA for VLM arms) -> ``<out_dir>/eval.json``."""
+    """Evaluate a trained arm on every generator's val split (+ QA for VLM arms) -> ``<out_dir>/eval.json``.
+
+    Under ``data.degrade`` (``jpeg=75``, ...) the val images are degraded first and the result, without the QA
+    and the reasons (general ability does not depend on the forensic images), goes to
+    ``<out_dir>/eval_<tag>.json`` (``eval_jpeg75.json``).
+    """
     from core.bootstrap import prepare_process
     from core.distributed import resolve_device
     from perception.forensics.metrics import per_generator
@@ -419,14 +426,16 @@ def evaluate(cfg) -> dict[str, Any]:
     ensure_data(data)
     device = resolve_device(tcfg.device)
     detector, kind = load_detector(out_dir / DETECTOR_DIR, device)
+    from perception.forensics.degrade import tag
     from perception.forensics.genimage import list_generators
 
     gens = list_generators(data.root)
-    images, labels, g = load_split(data.root, "val", gens, data.size, data.eval_n)
+    degraded = data.degrade != "none"
+    images, labels, g = load_split(data.root, "val", gens, data.size, data.eval_n, data.degrade)
     prob = detector_prob(detector, images, data.eval_batch)
     result: dict[str, Any] = {"arm": kind, "holdout": data.holdout, "trained_on": list(data.stage1) + list(data.stage2),
-                              "per_generator": per_generator(prob, labels, g)}
-    if kind not in BASELINE_ARMS:
+                              "degrade": data.degrade, "per_generator": per_generator(prob, labels, g)}
+    if kind not in BASELINE_ARMS and not degraded:
         records = qa_sets(model_cfg, data, ("test",))["test"][: data.eval_qa]
         result["qa_exact_match"] = qa_exact_match(detector, records, data.eval_batch)
         result["qa_exact_match_base"] = base_qa_eval(model_cfg, data)
@@ -438,10 +447,10 @@ def evaluate(cfg) -> dict[str, Any]:
         from core.pretrained import read_card
 
         result["trainable"] = read_card(out_dir / DETECTOR_DIR).get("trainable")
-    write_json(out_dir / "eval.json", result)
+    write_json(out_dir / (f"eval_{tag(data.degrade)}.json" if degraded else "eval.json"), result)
     m = result["per_generator"]
-    log.info("%s: acc %s, held-out %s acc %.3f ap %.3f%s", kind,
-             {k: round(v["acc"], 3) for k, v in m.items() if k not in ("all", "mean")}, data.holdout,
+    log.info("%s%s: acc %s, held-out %s acc %.3f ap %.3f%s", kind,
+             f" ({data.degrade})" if degraded else "", {k: round(v["acc"], 3) for k, v in m.items() if k not in ("all", "mean")}, data.holdout,
              m.get(data.holdout, {}).get("acc", float("nan")), m.get(data.holdout, {}).get("ap", float("nan")),
              f", QA exact match {result['qa_exact_match']['acc']:.3f} (base "
              f"{result['qa_exact_match_base']['acc']:.3f})" if "qa_exact_match" in result else "")

@@ -44,7 +44,8 @@ class FakeCLI:
                 raise subprocess.CalledProcessError(3, args)
             if args[0] == "eval":
                 arm = over.get("model.arm", "method")
-                write_json(run / "eval.json", {"acc": SCORE[arm] + int(over["trainer.seed"]) / 10, "arm": arm})
+                name = f"eval_{over['variant']}.json" if "variant" in over else "eval.json"
+                write_json(run / name, {"acc": SCORE[arm] + int(over["trainer.seed"]) / 10, "arm": arm})
         finally:
             with self.lock:
                 self.active -= 1
@@ -69,6 +70,20 @@ def test_grid_runs_every_cell_through_train_then_eval_and_skips_finished_cells(t
     assert grid.run(workers=2) == [] and len(fake.calls) == 8  # every cell done: nothing runs again
     (tmp_path / "baseline_s1" / "eval.json").unlink()  # a cell killed before its result: it runs again
     assert grid.run() == [] and len(fake.calls) == 10
+
+
+def test_grid_evaluates_finished_cells_again_under_each_variant_once(tmp_path, fake):
+    grid = ex.Grid("toy", tmp_path, ARMS, [0, 1], ["trainer.max_steps=5"])
+    assert grid.evaluate({"eval_a.json": ["variant=a"]}) == [] and fake.calls == []  # nothing trained yet
+    assert grid.run(workers=1) == [] and len(fake.calls) == 8
+    variants = {"eval_a.json": ["variant=a"], "eval_b.json": ["variant=b"]}
+    assert grid.evaluate(variants, workers=2) == []
+    new = fake.calls[8:]
+    assert len(new) == 8 and all(c[0] == "eval" for c in new)  # 4 cells x 2 variants, evaluation only
+    assert all("trainer.max_steps=5" in c and c[-1] in ("variant=a", "variant=b") for c in new)
+    assert (tmp_path / "baseline_s1" / "eval_b.json").is_file()
+    assert grid.evaluate(variants) == [] and len(fake.calls) == 16  # every variant done: nothing runs again
+    assert ex.collect(tmp_path, result="eval_a.json")["baseline"][1]["acc"] == pytest.approx(0.6)
 
 
 def test_a_failing_cell_is_reported_and_the_others_still_run(tmp_path, monkeypatch, capsys):

@@ -170,6 +170,17 @@ def test_train_eval_infer_end_to_end(tmp_path):
     ev = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert set(ev["per_generator"]) >= {"blur", "box", "all", "mean"} and ev["holdout"] == "box"
     assert 0.0 <= ev["qa_exact_match"]["acc"] <= 1.0 and 0.0 <= ev["qa_exact_match_base"]["acc"] <= 1.0
+    clean = (tmp_path / "run" / "eval.json").read_bytes()
+    # degraded val images: their own file, no QA, the clean result untouched; a bad level is one line, exit 2
+    r = subprocess.run([*env_py, "eval", "deepvrm", "--degrade", "jpeg=50,blur=1", *common], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bad = json.loads((tmp_path / "run" / "eval_jpeg50_blur1.json").read_text())
+    assert bad["degrade"] == "jpeg=50,blur=1" and "qa_exact_match" not in bad
+    assert set(bad["per_generator"]) == set(ev["per_generator"])
+    assert (tmp_path / "run" / "eval.json").read_bytes() == clean
+    r = subprocess.run([*env_py, "eval", "deepvrm", "--degrade", "jpeg=500", *common], capture_output=True, text=True)
+    assert r.returncode == 2 and "jpeg" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not a png")
     good = sorted((data / "blur" / "val" / "ai").glob("*.png"))[:2]

@@ -44,3 +44,24 @@ def test_linear_probe_reads_a_planted_label_and_not_noise():
     assert linear_probe_accuracy(x, y) < 0.5  # noise: about chance (1/3)
     x[:, 3] += 4.0 * y  # one direction carries the label
     assert linear_probe_accuracy(x, y) > 0.85  # classes 4 sd apart on one axis: ~0.95 at best
+
+
+def test_summary_robustness_table_per_level_in_protocol_order(tmp_path):
+    _eval(tmp_path / "deepvrm_s0", "deepvrm", 0.9, 0.7, qa=0.75)
+    _eval(tmp_path / "deepvrm_s1", "deepvrm", 1.0, 0.5, qa=0.65)
+    _eval(tmp_path / "freq_cnn_s0", "freq_cnn", 0.8, 0.6)
+    for run, level, acc in (("deepvrm_s0", "blur=1", 0.6), ("deepvrm_s1", "blur=1", 0.8),
+                            ("deepvrm_s0", "jpeg=75", 0.7), ("freq_cnn_s0", "jpeg=75", 0.5)):
+        per = {"flow": {"acc": acc, "ap": 0.9}, "gan": {"acc": acc - 0.1, "ap": 0.4}, "mean": {"acc": acc, "ap": 0.8}}
+        tag = level.replace("=", "")
+        (tmp_path / run / f"eval_{tag}.json").write_text(json.dumps({"arm": run[:-3], "degrade": level,
+                                                                     "per_generator": per}))
+    s = summarise(tmp_path, "cmd")
+    rob = s["robustness"]
+    assert rob["levels"] == ["clean", "jpeg=75", "blur=1"]  # LEVELS order, not file order
+    assert abs(rob["rows"]["deepvrm"]["blur=1"]["mean.acc"]["mean"] - 0.7) < 1e-9
+    assert rob["rows"]["deepvrm"]["jpeg=75"]["seeds"] == 1 and "blur=1" not in rob["rows"]["freq_cnn"]
+    assert abs(rob["rows"]["freq_cnn"]["clean"]["holdout.ap"]["mean"] - 0.5) < 1e-9
+    md = table(s)
+    assert "| arm | clean | jpeg=75 | blur=1 |" in md and "70.0 ± 14.1 / 80.0 ± 0.0" in md
+    assert "the held-out family (gan)" in md
