@@ -446,7 +446,8 @@ class CausalWan(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, t: torch.Tensor, frames: torch.Tensor, chunks: torch.Tensor | None = None,
-                caches: Sequence[KVCache] = (), return_kv: bool = False, prompt_embeds: torch.Tensor | None = None):
+                caches: Sequence[KVCache] = (), return_kv: bool = False, prompt_embeds: torch.Tensor | None = None,
+                frame_mask: torch.Tensor | None = None):
         """Velocity of latent frames ``x`` at noise levels ``t`` (Wan's flow-matching prediction).
 
         Args:
@@ -458,6 +459,10 @@ class CausalWan(nn.Module):
                 chunks of the same denoising step).
             return_kv: Also return per-layer ``(k, v)`` of these frames (pre-rotary keys) for a cache.
             prompt_embeds: (B, L, text_dim) text-encoder states; default one zero token.
+            frame_mask: (F, F) bool, query frame x key frame among this pass's frames: a further restriction of
+                the chunk rule (e.g. a sliding window with sink frames, to recompute without a cache what a
+                rolling cache attends). Cached tokens stay visible. Frames of one chunk must share a row when the
+                K-projection is on (it is computed per chunk). A reference path: masked passes use SDPA.
 
         Returns:
             (B, F, C, h, w) velocity; with ``return_kv``, ``(velocity, [(k, v) per layer])``.
@@ -501,7 +506,11 @@ class CausalWan(nn.Module):
         state = _PassState(rope_q, rope_k, ctx, kv_out={} if return_kv else None, owner=self)
         uniq = [0] if chunks is None else torch.unique(chunks).tolist()
         m = sum(cc.num_tokens for cc in ctx)
-        if chunks is not None and len(uniq) > 1 or (self.kproj is not None and ctx):
+        if frame_mask is not None and frame_mask.shape != (f, f):
+            raise ValueError(f"frame_mask must be (F, F) = {(f, f)}, got {tuple(frame_mask.shape)}")
+        fm_tok = None if frame_mask is None else frame_mask.to(dev, torch.bool).repeat_interleave(
+            n_per, 0).repeat_interleave(n_per, 1)  # (N, N) token pairs
+        if chunks is not None and len(uniq) > 1 or (self.kproj is not None and ctx) or fm_tok is not None:
             tok_chunks = (torch.zeros(f, dtype=torch.long, device=dev) if chunks is None
                           else chunks.to(dev).long()).repeat_interleave(n_per)
             if self.kproj is not None:
@@ -510,6 +519,12 @@ class CausalWan(nn.Module):
                     rows = tok_chunks == cid
                     earlier = tok_chunks < cid
                     seen = earlier | rows
+                    if fm_tok is not None:  # the chunk's queries share one row of the frame mask
+                        allowed = fm_tok[rows.nonzero()[0, 0]]
+                        if not bool((fm_tok[rows] == allowed).all()):
+                            raise ValueError("frame_mask: the frames of one chunk must attend the same frames when "
+                                             "the K-projection is on")
+                        seen = seen & allowed
                     n_rows, n_earlier, n_seen = (int(x) for x in torch.stack([rows.sum(), earlier.sum(), seen.sum()]))
                     sel = None if n_seen == n_new else seen.nonzero().squeeze(1)
                     rope = rope_k if sel is None else tuple(torch.cat([r[:m], r[m:][sel]]) for r in rope_k)
@@ -517,6 +532,10 @@ class CausalWan(nn.Module):
                         emb=self._time_embedding(t[:, rows[::n_per]].mean(1)),
                         rows=None if n_rows == n_new else rows.nonzero().squeeze(1),
                         earlier=earlier if n_earlier else None, sel=sel, rope_k=rope))
+            elif fm_tok is not None:
+                mask = chunk_attention_mask(tok_chunks, m, "sdpa")
+                mask[:, m:] &= fm_tok
+                state.mask = mask
             elif len(uniq) > 1:
                 backend = self.attention if self.attention != "auto" else ("flex" if dev.type == "cuda" else "sdpa")
                 if backend == "flex" and dev.type == "cpu" and torch.is_grad_enabled():

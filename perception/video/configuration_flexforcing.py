@@ -30,6 +30,7 @@ CHUNKINGS = ("random", "one", "singletons")
 NOISES = ("per_chunk", "per_clip")
 REGIMES = ("bidirectional", "autoregressive", "flex", "chunked")
 ATTENTIONS = ("auto", "sdpa", "flex")
+SINK_ROPES = ("relative", "absolute")
 
 
 @schema("model", "flexforcing_schema")
@@ -60,7 +61,9 @@ class FlexForcingConfig:
     random crops (``core.layers.vae.FrameDiverseClips``; None = whole frames), its convolutions frame-local but
     for the resampling ones, decoding the posterior mean unless ``vae_sample_posterior``.
     Sampling defaults: ``sample_steps`` Euler steps on a grid shifted by ``sample_shift``; ``pyramid_levels``
-    levels of the flex schedule (each halves every chunk of the previous one).
+    levels of the flex schedule (each halves every chunk of the previous one); ``sink_frames`` first latent frames
+    kept in every context of a long video (attention sinks), their rotary positions ``sink_rope`` (``relative``:
+    just before the recent context; ``absolute``: their own indices) — see ``pipeline_flexforcing``.
     """
 
     frame_size: Any = 32
@@ -102,6 +105,8 @@ class FlexForcingConfig:
     sample_steps: int = 8
     sample_shift: float = 1.0
     pyramid_levels: int = 4
+    sink_frames: int = 0
+    sink_rope: str = "relative"
 
     def __post_init__(self):
         choice("model.chunking", self.chunking, CHUNKINGS)
@@ -139,6 +144,9 @@ class FlexForcingConfig:
                 raise ConfigError(f"model.{key} must be in [0, 1], got {getattr(self, key)}")
         if self.p_one_chunk + self.p_singletons > 1.0:
             raise ConfigError("model.p_one_chunk + model.p_singletons must be <= 1")
+        choice("model.sink_rope", self.sink_rope, SINK_ROPES)
+        if not 0 <= self.sink_frames < self.num_frames - 1:
+            raise ConfigError(f"model.sink_frames must be in [0, num_frames - 1), got {self.sink_frames}")
         if self.sample_steps < 1 or self.pyramid_levels < 1:
             raise ConfigError("model.sample_steps and model.pyramid_levels must be >= 1")
         if self.k_projection and self.chunking == "one":

@@ -17,6 +17,16 @@ longer than the training length ``T`` the same way: in windows, conditioning on 
   to one chunk-causal masked pass over the window, ``flex_reference``), traversed depth first so the first
   chunk of the finest level is final long before the window is — streaming with a global plan.
 
+Sink frames (``sink_frames = K``, attention sinks as in StreamingLLM; Self-Forcing++, LongLive and Rolling
+Forcing keep the first frames of a long video in the cache): the first ``K`` latent frames of the video stay in
+every context, *in place of* the oldest context frames, so the attended span stays the training window's. In
+``autoregressive`` / ``chunked`` the rolling cache keeps them (``KVCache.roll(max_frames, K)``); in
+``bidirectional`` / ``flex`` each window's context is the ``K`` sinks and the newest ``Kc - K`` frames.
+``sink_rope``: ``relative`` (default) puts the sinks' rotary positions right before the oldest recent context
+frame (the cache stores keys before rotary, so this costs nothing), so every attended offset stays inside the
+training window as in StreamingLLM's positions-within-the-cache; ``absolute`` keeps their true frame indices
+(offsets grow with the video). ``K = 0`` is the plain rolling cache, bit for bit.
+
 ``generate`` returns the latents and timing: ``first_frame_s`` (time to the first new frame being final) and
 ``seconds``; ``forward_passes`` counts DiT calls.
 """
@@ -32,9 +42,11 @@ import torch
 from core.diffusion import euler_step, timestep_grid
 from core.layers.kv_cache import KVCache
 from perception.video.chunking import chunk_ids, level_of_step, pyramid_schedule
+from perception.video.configuration_flexforcing import SINK_ROPES
 
-__all__ = ["Generation", "continue_video", "fill_cache", "flex_reference", "generate", "given_video_frames",
-           "supported_regimes"]
+__all__ = ["SINK_ROPES", "Generation", "continue_video", "fill_cache", "flex_reference", "generate",
+           "given_video_frames", "sink_window_mask", "supported_regimes"]
+
 
 
 @dataclass
@@ -150,8 +162,10 @@ class _Run:
     noise of the new frames, the Euler grid, the clock and the ``Generation`` being filled."""
 
     def __init__(self, model, context: torch.Tensor, num_new: int, grid: torch.Tensor,
-                 generator: torch.Generator | None, on_window: Callable[[int, int], None] | None):
+                 generator: torch.Generator | None, on_window: Callable[[int, int], None] | None,
+                 sinks: int = 0, sink_rope: str = "relative"):
         b, self.k0 = context.shape[:2]
+        self.sinks, self.sink_rope = sinks, sink_rope
         shape, device = context.shape[2:], context.device
         self.model, self.grid, self.on_window, self.device = model, grid, on_window, device
         self.end = self.k0 + num_new
@@ -181,10 +195,24 @@ class _Run:
             yield done, e
             done = e
 
+    def context_frames(self, a: int, kc: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, rotary positions) of the ``kc`` context frames of a window starting at ``a``: frames
+        ``a - kc:a``, or with ``K`` sinks frames ``0:K`` and ``a - kc + K:a`` (once they no longer touch), the
+        sinks positioned at ``a - kc:a - kc + K`` (``relative``) or at ``0:K`` (``absolute``)."""
+        k = self.sinks
+        if k == 0 or a - kc + k <= k:
+            idx = self.frames(a - kc, a)
+            return idx, idx
+        idx = torch.cat([self.frames(0, k), self.frames(a - kc + k, a)])
+        pos = torch.cat([self.frames(a - kc, a - kc + k) if self.sink_rope == "relative" else self.frames(0, k),
+                         self.frames(a - kc + k, a)])
+        return idx, pos
+
     def context_cache(self, a: int, kc: int) -> KVCache:
-        """A fresh KV cache holding frames ``a - kc:a``."""
+        """A fresh KV cache holding the context frames of a window starting at ``a`` (``context_frames``)."""
         ctx = KVCache(len(self.model.dit.blocks))
-        fill_cache(self.model, ctx, self.out[:, a - kc:a], self.frames(a - kc, a))
+        idx, pos = self.context_frames(a, kc)
+        fill_cache(self.model, ctx, self.out[:, idx], pos)
         self.gen.forward_passes += 1
         return ctx
 
@@ -211,8 +239,9 @@ def _bidirectional(run: _Run) -> None:
     for a, e in run.windows(kc):
         x = run.noise_of(a, e)
         if inline:
-            xin = torch.cat([run.out[:, a - kc:a], x], 1)
-            y, p = _denoise(model, xin, run.frames(a - kc, e), [], run.grid, fixed=kc)
+            idx, pos = run.context_frames(a, kc)
+            xin = torch.cat([run.out[:, idx], x], 1)
+            y, p = _denoise(model, xin, torch.cat([pos, run.frames(a, e)]), [], run.grid, fixed=kc)
             run.out[:, a:e] = y[:, kc:]
         else:
             ctx = run.context_cache(a, kc)
@@ -255,10 +284,43 @@ def _chunk_by_chunk(run: _Run, size: int, order: list[int] | None) -> None:
             run.out[:, a:e] = x
             fill_cache(model, cache, x, run.frames(a, e))
             run.gen.forward_passes += p + 1
-            cache.roll(t_len - size)
+            cache.roll(t_len - size, run.sinks)
+            if run.sinks and run.sink_rope == "relative":
+                _reposition_sinks(cache, run.sinks)
             run.emit(a, e)
         done += n
         first = False
+
+
+def _reposition_sinks(cache: KVCache, sinks: int) -> None:
+    """Rotary positions of the cache's first ``sinks`` frames right before its oldest other frame (their keys are
+    stored before rotary: only the positions change; ``token_frames`` keep the true indices, for ``roll``)."""
+    frames = cache.frames()
+    if len(frames) <= sinks:
+        return
+    start = frames[sinks] - sinks
+    pos = cache.positions.clone()
+    for j, f in enumerate(frames[:sinks]):
+        pos[cache.token_frames.to(pos.device) == f, 0] = start + j
+    if not torch.equal(pos, cache.positions):
+        cache.positions = pos
+        cache.version += 1  # the model memoises the cached tokens' rotary tables under (uid, version)
+
+
+def sink_window_mask(num_frames: int, given: int, window: int, sinks: int) -> torch.Tensor:
+    """(F, F) bool: which frames each frame attends under ``autoregressive`` with a rolling cache of ``window``
+    frames and ``sinks`` sink frames (``given`` context frames attend each other; generated frame ``i`` attends
+    itself, the first ``sinks`` frames and the newest ``window - sinks`` frames before it, or every earlier
+    frame while fewer than ``window`` exist). With ``sink_rope=absolute`` one pass of ``CausalWan`` under this mask
+    (``frame_mask``) computes what the cached generation does; tests check it."""
+    i = torch.arange(num_frames)
+    q, k = i[:, None], i[None, :]
+    recent = (k < q) & (k >= q - (window - sinks))
+    full = (k < q) & (q <= window)  # the cache has not rolled yet: every earlier frame (<= window of them)
+    sink = (k < q) & (k < sinks)
+    mask = recent | full | sink | (k == q)
+    mask[:given, :given] = True
+    return mask
 
 
 def _autoregressive(run: _Run, order: list[int] | None) -> None:
@@ -275,7 +337,8 @@ def _chunked(run: _Run, chunk: int, order: list[int] | None) -> None:
 def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", steps: int | None = None,
              shift: float | None = None, chunk: int = 2, order: list[int] | None = None, levels: int | None = None,
              generator: torch.Generator | None = None,
-             on_window: Callable[[int, int], None] | None = None) -> Generation:
+             on_window: Callable[[int, int], None] | None = None, sink_frames: int | None = None,
+             sink_rope: str | None = None) -> Generation:
     """Continue ``context`` (B, K, C, h, w) normalised latents by ``num_new`` frames in ``regime``.
 
     Args:
@@ -290,6 +353,8 @@ def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", s
         levels: Pyramid levels of ``flex`` (default the config's).
         generator: Seeds the initial noise.
         on_window: Called with (first, end) frame indices each time frames become final.
+        sink_frames / sink_rope: Sink frames kept in every context and their rotary positions (module
+            docstring; default the config's).
     """
     cfg = model.config
     if regime not in supported_regimes(model):
@@ -301,7 +366,17 @@ def generate(model, context: torch.Tensor, num_new: int, regime: str = "flex", s
         raise ValueError(f"num_new must be >= 1, got {num_new}")
     grid = timestep_grid(steps or cfg.sample_steps, shift if shift is not None else cfg.sample_shift,
                          device=context.device)
-    run = _Run(model, context, num_new, grid, generator, on_window)
+    sinks = cfg.sink_frames if sink_frames is None else sink_frames
+    sink_rope = sink_rope or cfg.sink_rope
+    if sink_rope not in SINK_ROPES:
+        raise ValueError(f"sink_rope {sink_rope!r}: choose one of {', '.join(SINK_ROPES)}")
+    if sinks:
+        span = (_window_context(model, context.shape[1]) if regime in ("bidirectional", "flex")
+                else cfg.num_frames - (1 if regime == "autoregressive" else max(1, min(chunk, cfg.num_frames - 1))))
+        if not 0 <= sinks < span or sinks > context.shape[1]:
+            raise ValueError(f"sink_frames={sinks}: {regime} keeps {span} context frames here and {context.shape[1]} "
+                             f"are given; sinks must be fewer than the first and at most the second")
+    run = _Run(model, context, num_new, grid, generator, on_window, sinks, sink_rope)
     if regime == "bidirectional":
         _bidirectional(run)
     elif regime == "autoregressive":
