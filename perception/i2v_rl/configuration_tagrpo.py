@@ -3,7 +3,7 @@
 Three groups of the config tree:
 
 - ``algo`` (schema ``algo_schema``; ``configs/algo/{tagrpo,dancegrpo,tagrpo_indep,dancegrpo_same,
-  tagrpo_reuse}.yaml``): the post-training algorithm. ``embodied train tagrpo algo=dancegrpo`` picks an arm. A new
+  tagrpo_reuse,mixgrpo}.yaml``): the post-training algorithm. ``embodied train tagrpo algo=dancegrpo`` picks an arm. A new
   root group of the tree (``RunConfig.algo``), as ``adapter`` is for adapters: any method that post-trains a
   generator by RL may use it.
 - ``model`` (``tagrpo_model_schema``): the image-to-video policy, i.e. which pretrained video model (a
@@ -51,6 +51,12 @@ class AlgoConfig:
       loss is scaled by ``w_i`` proportional to ``1 / c_i`` and averaging 1, with ``c_i`` the size of its
       policy-gradient coefficient on the velocity, ``grpo.step_coefficients``: on a shifted grid ``c_i`` shrinks towards the noise end and grows
       towards the data end, and balancing gives every step the same expected gradient scale).
+    - ``sde_window`` (MixGRPO, Li et al. 2025): ``None`` samples every step with the SDE and trains all of them
+      (``timestep_fraction`` of them). ``W`` (1..steps) samples only the ``W`` steps of a window with the SDE and
+      the others with the deterministic Euler ODE, and trains only the window's steps, so an iteration's update
+      costs ``W / steps`` of the full one. The window starts at the highest-noise step and moves by
+      ``window_stride`` steps towards the data end every ``window_shift_every`` iterations, then stays at the last
+      ``W`` steps (MixGRPO's sliding window with shift interval ``tau`` and stride ``s``).
     """
 
     name: str = "tagrpo"
@@ -67,6 +73,9 @@ class AlgoConfig:
     updates_per_iteration: int = 2
     timestep_fraction: float = 1.0
     step_weighting: str = "none"
+    sde_window: int | None = None
+    window_shift_every: int = 4
+    window_stride: int = 1
 
     def __post_init__(self) -> None:
         choice("algo.loss", self.loss, LOSSES)
@@ -88,10 +97,28 @@ class AlgoConfig:
                               f"{self.eta}")
         if self.updates_per_iteration < 1 or not 0 < self.timestep_fraction <= 1:
             raise ConfigError("algo.updates_per_iteration must be >= 1 and algo.timestep_fraction in (0, 1]")
+        if self.sde_window is not None:
+            if self.sde_window < 1:
+                raise ConfigError(f"algo.sde_window must be >= 1 (or null: SDE on every step), got {self.sde_window}")
+            if self.timestep_fraction < 1:
+                raise ConfigError("algo.sde_window trains the window's steps: leave algo.timestep_fraction at 1")
+        if self.window_shift_every < 1 or self.window_stride < 0:
+            raise ConfigError("algo.window_shift_every must be >= 1 and algo.window_stride >= 0")
 
     @property
     def fresh(self) -> int:
         return self.group_size if self.fresh_per_group is None else self.fresh_per_group
+
+    def window(self, iteration: int, steps: int) -> list[int]:
+        """The sampling steps (of ``steps``) that iteration ``iteration`` samples with the SDE and trains: all of
+        them without ``sde_window``; else ``W`` consecutive steps from ``min(iteration // window_shift_every *
+        window_stride, steps - W)`` (step 0 is the noise end)."""
+        if self.sde_window is None:
+            return list(range(steps))
+        if self.sde_window > steps:
+            raise ConfigError(f"algo.sde_window={self.sde_window} exceeds the {steps} sampling steps")
+        start = min(iteration // self.window_shift_every * self.window_stride, steps - self.sde_window)
+        return list(range(start, start + self.sde_window))
 
 
 @schema("model", "tagrpo_model_schema")

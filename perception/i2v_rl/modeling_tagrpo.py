@@ -315,19 +315,30 @@ class I2VPolicy(PreTrainedModel):
 
     @torch.no_grad()
     def rollout(self, first: Tensor, noise: Tensor, eta: float, generator: torch.Generator | None = None,
-                step_noise: Tensor | None = None) -> Trajectory:
+                step_noise: Tensor | None = None, sde_steps: list[int] | None = None) -> Trajectory:
         """SDE rollouts from initial ``noise`` (B, N, C, h, w), recording the trajectory (see ``Trajectory``).
 
         The SDE's standard-normal draws come from ``generator``, or are given as ``step_noise`` (B, S, N, C, h, w)
         (e.g. drawn per group, so that a rollout does not depend on which batch it is sampled in).
+        ``sde_steps`` (MixGRPO's window; None: every step) are the steps sampled with the SDE; the others take the
+        deterministic Euler ODE step of ``sample``, recorded with ``mean`` = the next latent, std 0 and
+        log-probability 0, and draw nothing from ``generator``.
         """
         if step_noise is not None and tuple(step_noise.shape) != (noise.shape[0], self.steps, *noise.shape[1:]):
             raise ValueError(f"step_noise must be (B, S, N, C, h, w) = {(noise.shape[0], self.steps, *noise.shape[1:])}"
                              f", got {tuple(step_noise.shape)}")
         x = noise
         latents, means, stds, logps = [x], [], [], []
+        sde = set(range(self.steps)) if sde_steps is None else set(sde_steps)
         for i in range(self.steps):
             v = self.velocity(first, x, self.grid[i])
+            if i not in sde:  # the ODE outside the window
+                x = euler_step(x, v, self.grid[i], self.grid[i + 1])
+                latents.append(x)
+                means.append(x)
+                stds.append(None)
+                logps.append(None)
+                continue
             z = None if step_noise is None else step_noise[:, i].to(x.dtype)
             st = sde_step(x, v, self.grid[i], self.grid[i + 1], eta=eta, noise=z,
                           generator=None if z is not None else generator)
@@ -338,6 +349,11 @@ class I2VPolicy(PreTrainedModel):
             means.append(mean)
             stds.append(std)
             logps.append(st.log_prob / x[0].numel())  # sde_step's summed log-density, as a per-element mean
+        if None in stds:  # ODE steps: std 0, log-probability 0, in the SDE steps' dtypes
+            std0 = next((s for s in stds if s is not None), torch.zeros((), device=x.device))
+            lp0 = next((lp for lp in logps if lp is not None), torch.zeros(x.shape[0], device=x.device))
+            stds = [torch.zeros_like(std0) if s is None else s for s in stds]
+            logps = [torch.zeros_like(lp0) if lp is None else lp for lp in logps]
         return Trajectory(torch.stack(latents, 1), torch.stack(means, 1), torch.stack(stds), torch.stack(logps, 1))
 
     @torch.no_grad()

@@ -205,6 +205,10 @@ class GRPOLearner(nn.Module):
         self.last_train_reward: float | None = None
         self._rollouts: dict[str, Any] | None = None
         self.history: list[dict[str, float]] = []  # the current iteration's training_step outputs
+        # GRPO-Guard's diagnostic: per iteration, per trained sampling step, the mean / sd of the importance ratio
+        # of the sampled transitions over the update's samples (``ratio_steps``); written to curve.json
+        self.ratio_log: list[dict[str, Any]] = []
+        self._ratio_iter: list[dict[str, Any]] = []
 
     # -- scaling: the policy's units -------------------------------------------------------------------------
     def enable_gradient_checkpointing(self) -> None:
@@ -215,9 +219,10 @@ class GRPOLearner(nn.Module):
 
     # -- the schedule -------------------------------------------------------------------------------------------
     def timesteps(self, iteration: int) -> list[list[int]]:
-        """The trained sampling steps of each update of ``iteration`` (``algo.timestep_fraction`` of them)."""
+        """The trained sampling steps of each update of ``iteration`` (``algo.timestep_fraction`` of them, or
+        MixGRPO's window, ``algo.sde_window``)."""
         s = self.policy.steps
-        steps = list(range(s))
+        steps = self.algo.window(iteration, s)
         if self.algo.timestep_fraction < 1:
             g = torch.Generator().manual_seed(_seed(self.schedule.seed, iteration, 1))
             steps = sorted(torch.randperm(s, generator=g)[:trained_steps(self.algo, s)].tolist())
@@ -237,12 +242,13 @@ class GRPOLearner(nn.Module):
 
         it, chunk, micro = (int(batch[k][0]) for k in ("iteration", "chunk", "micro"))
         if chunk == 0 and micro == 0:
-            self._rollouts, self.history = None, []
+            self._rollouts, self.history, self._ratio_iter = None, [], []
             self._rollouts = self._roll_out(batch, it)
         elif self._rollouts is None or self._rollouts["iteration"] != it:
             raise TrainingError(f"no rollouts of iteration {it} for its update {chunk} (the training state lost them)")
-        out = {**self._rollouts, "chunk": chunk, "timestep": self.timesteps(it)[chunk][micro]}
-        if chunk == self.algo.updates_per_iteration - 1 and micro == self.schedule.micro - 1:
+        last = chunk == self.algo.updates_per_iteration - 1 and micro == self.schedule.micro - 1
+        out = {**self._rollouts, "chunk": chunk, "timestep": self.timesteps(it)[chunk][micro], "last": last}
+        if last:
             self._rollouts = None  # the iteration's last micro-batch: a checkpoint after it need not keep them
         return out
 
@@ -269,7 +275,8 @@ class GRPOLearner(nn.Module):
             torch.randn(fresh, policy.steps, *policy.latent_shape(),
                         generator=torch.Generator().manual_seed(_seed(self.schedule.seed, it, s, 3))) for s in slots])
         policy.eval()
-        traj = policy.rollout(first, noise, algo.eta, step_noise=step_noise.to(device))
+        window = None if algo.sde_window is None else algo.window(it, policy.steps)  # MixGRPO: SDE steps only there
+        traj = policy.rollout(first, noise, algo.eta, step_noise=step_noise.to(device), sde_steps=window)
         policy.train(was_training)
         video = policy.decode_video(imgs, traj.final, first).cpu()
         ref = batch["reference"].cpu().repeat_interleave(fresh, 0)
@@ -302,7 +309,8 @@ class GRPOLearner(nn.Module):
         stats = {"train_reward": mean_reward, "reward_std_in_group": sum(g["reward_std"] for g in groups) / len(groups),
                  "targets_per_group": sum(g["n_targets"] for g in groups) / len(groups),
                  "rollouts": (it + 1) * self.schedule.images * fresh, "iteration": it + 1,
-                 "rollout_s": time.perf_counter() - t0, "eval_s": t_eval}
+                 "rollout_s": time.perf_counter() - t0, "eval_s": t_eval,
+                 "window_start": float(algo.window(it, policy.steps)[0])}
         if it % self.eval_every == 0:
             stats["heldout_reward"] = self.curve[-1]["reward"]
         return {"iteration": it, "first": first, "latents": traj.latents, "means": traj.means, "groups": groups,
@@ -315,7 +323,7 @@ class GRPOLearner(nn.Module):
         algo, fresh, i = self.algo, self.algo.fresh, batch["timestep"]
         lat, means, device = batch["latents"], batch["means"], batch["latents"].device
         mean_new, std = self.policy.transition(batch["first"], lat[:, i], i, algo.eta)
-        total, devs, clipped = 0.0, [], []
+        total, devs, clipped, ratios = 0.0, [], [], []
         for grp in batch["groups"]:
             rows = slice(grp["start"], grp["start"] + fresh)
             if algo.loss == "grpo":
@@ -327,14 +335,44 @@ class GRPOLearner(nn.Module):
             total = total + loss
             devs.append((st["ratio"] - 1).abs().max())
             clipped.append(st["clipped"])
+            ratios.append(st["ratio"].double())
         loss = total / len(batch["groups"])
         if self.step_weight[i] != 1.0:
             loss = loss * self.step_weight[i]
         out = {"loss": loss, "ratio_dev_first" if batch["chunk"] == 0 else "ratio_dev": torch.stack(devs).max(),
                "clipped": torch.stack(clipped).mean()}
+        out["ratio_mean"] = self._guard(torch.cat(ratios), i, batch)
         out = {**out, **{k: torch.tensor(float(v)) for k, v in batch["stats"].items()}}
         self.history.append({k: float(v.detach()) for k, v in out.items()})
         return out
+
+    def _guard(self, ratio: torch.Tensor, step: int, batch: dict[str, Any]) -> torch.Tensor:
+        """GRPO-Guard's diagnostic at sampling step ``step``: mean and sd of the importance ratios ``ratio`` (K,)
+        of the sampled transitions over every process's samples; recorded for the iteration, and the iteration's
+        record goes to ``ratio_log`` (and curve.json) at its last micro-batch. Returns the mean."""
+        from core import distributed as D
+
+        moments = torch.stack([ratio.sum(), (ratio**2).sum(), torch.tensor(float(ratio.numel()), dtype=ratio.dtype,
+                                                                           device=ratio.device)])
+        moments = D.all_reduce_mean(moments)  # proportional to the sums over processes: the ratios stay exact
+        n = float(moments[2])
+        mean = float(moments[0]) / n
+        sd = math.sqrt(max(float(moments[1]) / n - mean**2, 0.0))
+        self._ratio_iter.append({"step": int(step), "update": int(batch["chunk"]), "mean": mean, "sd": sd,
+                                 "n": round(n * _world())})
+        if batch["last"]:
+            it = int(batch["iteration"])
+            self.ratio_log = [r for r in self.ratio_log if r["iteration"] != it] + [
+                {"iteration": it, "window": self.algo.window(it, self.policy.steps), "steps": self._ratio_iter}]
+            self._ratio_iter = []
+            self._write_curve()
+        return torch.tensor(mean)
+
+    def _write_curve(self) -> None:
+        """curve.json (rank 0): the held-out curve and GRPO-Guard's per-step ratio log."""
+        if _rank() == 0:
+            write_json(self.out_dir / "curve.json", {"algo": dataclasses.asdict(self.algo), "curve": self.curve,
+                                                     "ratio_steps": self.ratio_log})
 
     # -- held-out evaluation -------------------------------------------------------------------------------------
     def evaluate(self, iteration: int) -> dict[str, Any]:
@@ -350,8 +388,7 @@ class GRPOLearner(nn.Module):
         entry = {"iteration": iteration, "rollouts": iteration * self.schedule.images * self.algo.fresh,
                  "reward": r["reward"], **r["terms"], "train_reward": self.last_train_reward}
         self.curve = [c for c in self.curve if c["iteration"] != iteration] + [entry]
-        if _rank() == 0:
-            write_json(self.out_dir / "curve.json", {"algo": dataclasses.asdict(self.algo), "curve": self.curve})
+        self._write_curve()
         log.info("iteration %d (%d rollouts): held-out reward %.4f", iteration, entry["rollouts"], entry["reward"])
         return entry
 
@@ -364,12 +401,14 @@ class GRPOLearner(nn.Module):
                        "means": r["means"].cpu(), "stats": r["stats"],
                        "groups": [{**g, "adv": g["adv"].cpu(), "latents": g["latents"].cpu()} for g in r["groups"]]}
         return {"bank": self.bank.state_dict(), "curve": self.curve, "last_train_reward": self.last_train_reward,
-                "pending": pending}
+                "pending": pending, "ratio_log": self.ratio_log, "ratio_pending": list(self._ratio_iter)}
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         device = self.policy.grid.device
         self.bank.load_state_dict(state["bank"])
         self.curve, self.last_train_reward = list(state["curve"]), state["last_train_reward"]
+        self.ratio_log = list(state.get("ratio_log", []))
+        self._ratio_iter = list(state.get("ratio_pending", []))
         p = state["pending"]
         self._rollouts = None if p is None else {
             "iteration": int(p["iteration"]), "stats": dict(p["stats"]),
@@ -382,6 +421,11 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _world() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _gather(obj: Any) -> list[Any]:
     """``obj`` of every process (rank order); ``[obj]`` in one process."""
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
@@ -392,7 +436,10 @@ def _gather(obj: Any) -> list[Any]:
 
 
 def trained_steps(algo: AlgoConfig, steps: int) -> int:
-    """How many of the ``steps`` sampling steps an iteration trains (``algo.timestep_fraction``)."""
+    """How many of the ``steps`` sampling steps an iteration trains (``algo.timestep_fraction``, or MixGRPO's
+    window ``algo.sde_window``)."""
+    if algo.sde_window is not None:
+        return len(algo.window(0, steps))
     return steps if algo.timestep_fraction >= 1 else max(1, round(algo.timestep_fraction * steps))
 
 

@@ -873,3 +873,97 @@ def test_infer_i2v_continues_the_scene_it_is_given(tmp_path):
         to_given = float((new - given).abs().mean())
         assert to_given < float((new - 128.0).abs().mean())
         assert to_given < float((blank_video[1:3] - given).abs().mean())
+
+
+# -- MixGRPO's sliding SDE window and GRPO-Guard's ratio diagnostic -------------------------------------------
+def test_outside_the_window_the_rollout_is_the_deterministic_ode(tmp_path):
+    """Steps outside ``sde_steps`` are the ODE's: two rollouts with different SDE draws agree up to the window and
+    differ after it; those steps record std 0 and log-probability 0; a rollout with no SDE step is ``sample``."""
+    policy = tiny_policy(tmp_path)  # 4 steps
+    first = policy.encode_first(scripted_set(2).images)
+    noise = policy.initial_noise(2, torch.Generator().manual_seed(3))
+    a = policy.rollout(first, noise, 0.7, torch.Generator().manual_seed(0), sde_steps=[2])
+    b = policy.rollout(first, noise, 0.7, torch.Generator().manual_seed(1), sde_steps=[2])
+    assert torch.equal(a.latents[:, :3], b.latents[:, :3])  # x_0, x_1, x_2: ODE steps 0 and 1
+    assert not torch.allclose(a.latents[:, 3], b.latents[:, 3])  # the SDE step 2 drew different noise
+    assert torch.equal(a.stds[[0, 1, 3]], torch.zeros(3)) and a.stds[2] > 0
+    assert torch.equal(a.log_probs[:, [0, 1, 3]], torch.zeros(2, 3)) and (a.log_probs[:, 2] != 0).all()
+    # the ODE step after the window is deterministic given its state
+    from core.diffusion import euler_step
+
+    v = policy.velocity(first, a.latents[:, 3], policy.grid[3])
+    assert torch.equal(a.latents[:, 4], euler_step(a.latents[:, 3], v, policy.grid[3], policy.grid[4]))
+    ode = policy.rollout(first, noise, 0.7, torch.Generator().manual_seed(5), sde_steps=[])
+    assert torch.equal(ode.final, policy.sample(first, noise))
+    full = policy.rollout(first, noise, 0.7, torch.Generator().manual_seed(0))  # None: the SDE everywhere
+    assert (full.stds > 0).all()
+
+
+def test_the_window_slides_from_the_noise_end_to_the_data_end_and_stays():
+    algo = AlgoConfig(sde_window=2, window_shift_every=3, window_stride=1)
+    starts = [algo.window(it, 8)[0] for it in range(24)]
+    assert starts == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3 + [5] * 3 + [6] * 6
+    assert algo.window(100, 8) == [6, 7] and algo.window(4, 8) == [1, 2]
+    assert AlgoConfig(sde_window=4, window_shift_every=1, window_stride=2).window(1, 8) == [2, 3, 4, 5]
+    assert AlgoConfig().window(7, 8) == list(range(8))  # no window: every step
+    with pytest.raises(ConfigError, match="sde_window"):
+        AlgoConfig(sde_window=0)
+    with pytest.raises(ConfigError, match="timestep_fraction"):
+        AlgoConfig(sde_window=2, timestep_fraction=0.5)
+    with pytest.raises(ConfigError, match="exceeds"):
+        AlgoConfig(sde_window=9).window(0, 8)
+
+
+def test_mixgrpo_trains_only_the_windows_steps_with_the_ode_elsewhere(tmp_path):
+    """A MixGRPO run's rollouts are the ODE outside the window and its loss is taken at the window's steps only
+    (the window moving every iteration here, clamped at the data end): GRPO-Guard's log, written by the loss at
+    every step it computes, names exactly the window's steps."""
+    algo = AlgoConfig(loss="grpo", noise="independent", group_size=3, bank_size=0, sde_window=2,
+                      window_shift_every=1, updates_per_iteration=2)
+    runner = _runner(tmp_path, algo)
+    assert runner.schedule.micro == 1  # one trained step per update: 2 of the 4 steps per iteration
+    learner = runner.learner
+    seen = []
+    orig = learner.policy.rollout
+
+    def spy(*a, **kw):
+        traj = orig(*a, **kw)
+        seen.append(((traj.stds > 0).nonzero().flatten().tolist(), kw["sde_steps"]))
+        return traj
+
+    learner.policy.rollout = spy
+    for _ in range(4):
+        runner.step()
+    assert [s for s, _ in seen] == [w for _, w in seen] == [[0, 1], [1, 2], [2, 3], [2, 3]]
+    log = learner.ratio_log
+    assert [r["iteration"] for r in log] == [0, 1, 2, 3]
+    assert [[e["step"] for e in r["steps"]] for r in log] == [[0, 1], [1, 2], [2, 3], [2, 3]]
+    assert all(r["window"] == [e["step"] for e in r["steps"]] for r in log)
+
+
+@pytest.mark.parametrize("algo", [
+    AlgoConfig(loss="contrastive", noise="same", group_size=3, bank_size=8),
+    AlgoConfig(loss="grpo", noise="independent", group_size=3, bank_size=0),
+    AlgoConfig(loss="grpo", noise="independent", group_size=3, bank_size=0, sde_window=2, window_shift_every=1)],
+    ids=["tagrpo", "dancegrpo", "mixgrpo"])
+def test_grpo_guard_ratio_mean_is_one_in_the_first_update_and_logged_per_trained_step(tmp_path, algo):
+    """GRPO-Guard's diagnostic for every arm: per iteration, one entry per trained step; in the first update the
+    policy is the old policy, so every ratio is 1: mean exactly 1, sd exactly 0; after an optimizer step the mean
+    moves; the log goes to curve.json and survives in the checkpoint."""
+    from core.io import read_json
+
+    runner = _runner(tmp_path, algo, max_steps=6)
+    runner.fit()
+    log = runner.learner.ratio_log
+    assert [r["iteration"] for r in log] == [0, 1, 2]
+    for r in log:
+        trained = [s for chunk in runner.learner.timesteps(r["iteration"]) for s in chunk]
+        assert [e["step"] for e in r["steps"]] == trained
+        first = [e for e in r["steps"] if e["update"] == 0]
+        later = [e for e in r["steps"] if e["update"] == 1]
+        assert first and later
+        assert all(e["mean"] == 1.0 and e["sd"] == 0.0 and e["n"] == 2 * 3 for e in first)
+        assert all(e["mean"] != 1.0 and e["sd"] > 0 for e in later)
+    assert read_json(tmp_path / "curve.json")["ratio_steps"] == log
+    rows = [r for r in read_metrics(tmp_path) if "ratio_mean" in r]
+    assert len(rows) == 6 and all(r["ratio_mean"] == 1.0 for r in rows[0::2])
