@@ -31,6 +31,7 @@ NOISES = ("per_chunk", "per_clip")
 REGIMES = ("bidirectional", "autoregressive", "flex", "chunked")
 ATTENTIONS = ("auto", "sdpa", "flex")
 SINK_ROPES = ("relative", "absolute")
+OBJECTIVES = ("diffusion", "self_forcing")
 
 
 @schema("model", "flexforcing_schema")
@@ -64,6 +65,12 @@ class FlexForcingConfig:
     levels of the flex schedule (each halves every chunk of the previous one); ``sink_frames`` first latent frames
     kept in every context of a long video (attention sinks), their rotary positions ``sink_rope`` (``relative``:
     just before the recent context; ``absolute``: their own indices) — see ``pipeline_flexforcing``.
+
+    ``objective``: ``diffusion`` (the flow-matching loss above: Flex-Forcing and the rigid baselines) or
+    ``self_forcing`` (the Self-Forcing arm, ``perception.video.self_forcing``: AR self-rollout of each window
+    scored by DMD against the frozen bidirectional teacher ``teacher_path``, a critic trained online, the student
+    starting from the checkpoint ``init_path``; the generator updated every ``sf_gen_every`` steps, DMD / critic
+    noise levels uniform in [``sf_t_min``, ``sf_t_max``]).
     """
 
     frame_size: Any = 32
@@ -107,6 +114,12 @@ class FlexForcingConfig:
     pyramid_levels: int = 4
     sink_frames: int = 0
     sink_rope: str = "relative"
+    objective: str = "diffusion"
+    init_path: str | None = None
+    teacher_path: str | None = None
+    sf_gen_every: int = 1
+    sf_t_min: float = 0.02
+    sf_t_max: float = 0.98
 
     def __post_init__(self):
         choice("model.chunking", self.chunking, CHUNKINGS)
@@ -145,6 +158,9 @@ class FlexForcingConfig:
         if self.p_one_chunk + self.p_singletons > 1.0:
             raise ConfigError("model.p_one_chunk + model.p_singletons must be <= 1")
         choice("model.sink_rope", self.sink_rope, SINK_ROPES)
+        choice("model.objective", self.objective, OBJECTIVES)
+        if self.objective == "self_forcing" and (self.sf_gen_every < 1 or not 0 < self.sf_t_min < self.sf_t_max < 1):
+            raise ConfigError("model.sf_gen_every must be >= 1 and 0 < model.sf_t_min < model.sf_t_max < 1")
         if not 0 <= self.sink_frames < self.num_frames - 1:
             raise ConfigError(f"model.sink_frames must be in [0, num_frames - 1), got {self.sink_frames}")
         if self.sample_steps < 1 or self.pyramid_levels < 1:
@@ -210,7 +226,8 @@ class FlexVideoDataConfig(VideoClipsConfig):
     Training reads ``model.num_frames``-frame windows (every ``window_step`` frames) of the ``train`` split;
     evaluation continues the first ``context`` frames of each ``test`` clip to ``eval_frames`` frames (the
     test clips are rendered ``test_frames`` long so drift can be measured against ground truth) in every
-    regime of ``regimes``, ``max_test`` clips at most, on ``seeds``.
+    regime of ``regimes``, ``max_test`` clips at most, on ``seeds``, with each count of ``sink_frames`` (0: the
+    plain cache) and, for counts above 0, each of ``sink_ropes`` (see ``pipeline_flexforcing``).
     """
 
     window_step: int = 1
@@ -220,6 +237,8 @@ class FlexVideoDataConfig(VideoClipsConfig):
     max_test: int | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     batch_size: int = 24
+    sink_frames: list[int] = field(default_factory=lambda: [0])
+    sink_ropes: list[str] = field(default_factory=lambda: ["relative"])
 
     def __post_init__(self):
         for r in self.regimes:
@@ -230,5 +249,9 @@ class FlexVideoDataConfig(VideoClipsConfig):
         if not self.context < self.eval_frames <= self.test_frames:
             raise ConfigError(f"need data.context < data.eval_frames <= data.test_frames, got {self.context}, "
                               f"{self.eval_frames}, {self.test_frames}")
+        for r in self.sink_ropes:
+            choice("data.sink_ropes", r, SINK_ROPES)
+        if not self.sink_frames or any(k < 0 for k in self.sink_frames):
+            raise ConfigError(f"data.sink_frames must be a non-empty list of counts >= 0, got {self.sink_frames}")
         if self.window_step < 1 or self.batch_size < 1:
             raise ConfigError("data.window_step and data.batch_size must be >= 1")

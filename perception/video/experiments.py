@@ -22,8 +22,21 @@ from typing import Any
 
 from core import experiments as ex
 
-LABELS = {"bidirectional_only": "bidirectional-only", "autoregressive_only": "AR-only"}  # the baselines' rows
-METRICS = ("psnr", "ssim", "fd", "flicker", "fps", "first_frame_s")
+LABELS = {"bidirectional_only": "bidirectional-only", "autoregressive_only": "AR-only",
+          "self_forcing": "Self-Forcing"}  # the baselines' rows
+METRICS = ("psnr", "ssim", "fd", "flicker", "tf_vbench", "fps", "first_frame_s")
+DRIFT = ("psnr", "fd", "tf_vbench")
+
+
+def row_name(arm: str, regime: str, method: bool) -> str:
+    """A table row: ``Flex-Forcing (flex)``, ``AR-only``, ``Self-Forcing + 1 sink`` ... (``regime`` may carry
+    ``+sinkK`` / ``+sinkKabs``, see ``task.evaluate``)."""
+    base, _, sink = regime.partition("+")
+    name = f"Flex-Forcing ({base})" if method else LABELS.get(arm, arm)
+    if sink:
+        k = sink[len("sink"):].removesuffix("abs")
+        name += f" + {k} sink{'s' if k != '1' else ''}" + (" (absolute positions)" if sink.endswith("abs") else "")
+    return name
 
 
 def ensure_vae(out: Path, extra: list[str]) -> Path:
@@ -60,15 +73,16 @@ def summarise(results: dict[str, dict[int, dict[str, Any]]], method_arm: str = "
     for arm, evals in results.items():
         regimes = next(iter(evals.values()))["regimes"]
         for regime in regimes:
-            name = f"Flex-Forcing ({regime})" if arm == first_arm else LABELS.get(arm, arm)
+            name = row_name(arm, regime, arm == first_arm)
             per_seed = {s: e["regimes"][regime]["mean"] for s, e in evals.items()}
             vals = list(per_seed.values())
-            row = {k: sum(v[k] for v in vals) / len(vals) for k in METRICS}
-            row["drift"] = {m: {k: sum(v["drift"][m][k] for v in vals) / len(vals) for k in ("psnr", "fd")}
+            row = {k: sum(v.get(k, float("nan")) for v in vals) / len(vals) for k in METRICS}
+            row["drift"] = {m: {k: sum(v["drift"][m].get(k, float("nan")) for v in vals) / len(vals) for k in DRIFT}
                             for m in vals[0]["drift"]}
             row["psnr_per_frame"] = [round(sum(c) / len(c), 3) for c in zip(*(v["psnr_per_frame"] for v in vals),
                                                                            strict=True)]
-            row["per_seed"] = {str(s): {k: v[k] for k in METRICS} | {"drift": v["drift"]} for s, v in per_seed.items()}
+            row["per_seed"] = {str(s): {k: v.get(k) for k in METRICS} | {"drift": v["drift"]}
+                               for s, v in per_seed.items()}
             rows[name] = row
     first = next(iter(results[first_arm].values()))
     return {"rows": rows, "references": first.get("references", {}), "context": first["context"], "train_frames": first["train_frames"],

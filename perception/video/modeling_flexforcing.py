@@ -123,13 +123,18 @@ class FlexForcingModel(PreTrainedModel):
         if stats is not None:  # a user's Wan VAE states its own normalisation
             self.latent_mean.copy_(stats[0])
             self.latent_std.copy_(stats[1])
+        if config.objective == "self_forcing":  # the Self-Forcing arm: starting weights, critic, frozen teacher
+            from perception.video.self_forcing import attach
+
+            attach(self, config)
 
     @classmethod
     def build_for_loading(cls, config: FlexForcingConfig) -> FlexForcingModel:
         """The architecture from the recorded diffusers configs, without reading the user's folders again."""
         if config.vae_config is not None and config.transformer_config is not None:
             config = dataclasses.replace(config, base_path=None, vae_path=None)
-        return cls(config)
+        # a Self-Forcing run's weights (critic included) are all in the checkpoint: read neither start again
+        return cls(dataclasses.replace(config, init_path=None, teacher_path=None))
 
     # -- latents ------------------------------------------------------------------------------------------
     def _check_video(self, video: torch.Tensor) -> None:
@@ -181,6 +186,10 @@ class FlexForcingModel(PreTrainedModel):
 
     def training_step(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         cfg = self.config
+        if cfg.objective == "self_forcing":
+            from perception.video.self_forcing import training_step
+
+            return training_step(self, batch)
         z = batch["latents"].float() if "latents" in batch else self.encode(batch["video"])
         b, t_len = z.shape[:2]
         ctx, sizes = self.sample_training_layout(t_len)

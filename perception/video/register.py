@@ -23,6 +23,13 @@ register_method(
                                "out_dir=outputs/flex_bidir"],
         "autoregressive_only": ["model.chunking=singletons", "model.noise=per_chunk",
                                 "model.k_projection=false", "out_dir=outputs/flex_ar"],
+        # the peer (perception/video/self_forcing.py): the shipped Flex-Forcing model post-trained by AR
+        # self-rollout + DMD against a frozen bidirectional teacher (the same model run bidirectionally); a
+        # post-training at a fine-tuning learning rate, scored in the AR regime it trains
+        "self_forcing": ["model.objective=self_forcing", "model.init_path=assets/checkpoints/flexforcing",
+                         "model.teacher_path=assets/checkpoints/flexforcing", "trainer.optim.lr=5.0e-5",
+                         "trainer.scheduler.warmup_steps=20", "data.regimes=[autoregressive]",
+                         "out_dir=outputs/flex_sf"],
     },
     infer=[InferSpec(
         "video", "perception.video.cli:infer",

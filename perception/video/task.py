@@ -9,7 +9,8 @@ statistics (unless the user's VAE states them) -> every source video encoded onc
 evaluate: held-out clips (rendered from ``data.test_seed``, ``data.test_frames`` long) -> the first
 ``data.context`` latent frames are given (the first ``1 + (context - 1) r`` video frames, encoded), the model
 continues them to the latent length of ``data.eval_frames`` video frames in every regime of ``data.regimes`` it
-was trained for, on every seed of ``data.seeds``; the whole latent video is decoded (the VAE is causal) and the
+was trained for, on every seed of ``data.seeds`` (with each sink setting of ``data.sink_frames`` x
+``data.sink_ropes``: regime ``autoregressive+sink1`` / ``autoregressive+sink1abs`` ...); the whole latent video is decoded (the VAE is causal) and the
 new video frames are scored -> metrics per regime (with ``r`` = 1, latent frames are video frames):
 
 - ``psnr`` / ``ssim`` / ``fd`` / ``flicker`` on the new frames inside the first training-length window
@@ -17,6 +18,8 @@ new video frames are scored -> metrics per regime (with ``r`` = 1, latent frames
 - ``drift``: for videos ``m`` = 1, 2, 4, 8 ... times the training length (as many as ``eval_frames`` allows),
   PSNR and FD-EffNet of their last window's new frames against the ground-truth frames at the same indices —
   error growth with length, and whether frames stay on the data manifold;
+- ``tf_vbench``: VBench's ``temporal_flickering`` (``perception.video.vbench``) of the whole output video, and
+  of each drift window; ``tf_vbench_gt`` of the ground truth;
 - ``psnr_per_frame``: the curve behind the drift plot;
 - ``fps`` (new frames per second of sampling, latents only, the batch counted), ``fps_decoded`` (with the VAE
   decode) and ``first_frame_s`` (time to the first new frame, whole batch).
@@ -147,11 +150,12 @@ def train(cfg) -> dict[str, Any]:
     clips = build_dataset(data, model_cfg.video_frames)
     user_vae = model_cfg.vae_path is not None or (model_cfg.base_path is not None and
                                                   (Path(model_cfg.base_path) / "vae").is_dir())
-    if not user_vae and model_cfg.vae_pretrain_steps > 0:
+    started = model_cfg.init_path is not None  # Self-Forcing: VAE and latent statistics come with the checkpoint
+    if not user_vae and not started and model_cfg.vae_pretrain_steps > 0:
         pretrain_vae(model, clips, trainer_cfg, model_cfg, out_dir / "vae", run_config)
     from core.layers.vae import wan_latent_stats
 
-    if wan_latent_stats(model.vae) is None:  # a VAE trained here (or stating none): measure on 64 clips
+    if wan_latent_stats(model.vae) is None and not started:  # a VAE trained here (or stating none): 64 clips
         g = torch.Generator().manual_seed(trainer_cfg.seed)
         idx = torch.randperm(len(clips), generator=g)[:64].tolist()
         model.set_latent_stats(torch.stack([clips[i]["video"] for i in idx]))
@@ -178,8 +182,8 @@ def _fd(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed: int, batch_size: int = 24
-                    ) -> dict[str, Any]:
+def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed: int, batch_size: int = 24,
+                    sink_frames: int = 0, sink_rope: str = "relative") -> dict[str, Any]:
     """Continue ``video`` (N, L, 3, H, W) uint8 clips from their first ``context`` latent frames in ``regime``.
 
     The given video frames are the first ``1 + (context - 1) r``; the clips are cut to the longest ``1 + r k``
@@ -187,6 +191,7 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
     """
     from core.metrics.image import psnr, ssim, temporal_flicker
     from perception.video.pipeline_flexforcing import generate
+    from perception.video.vbench import temporal_flickering
 
     device = next(model.parameters()).device
     r = model.config.temporal_factor
@@ -201,7 +206,7 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
         clip = video[s:s + batch_size].to(device)
         z = model.encode(clip[:, :given])
         g = torch.Generator().manual_seed(seed * 7919 + s)
-        out = generate(model, z, lat_len - context, regime, generator=g)
+        out = generate(model, z, lat_len - context, regime, generator=g, sink_frames=sink_frames, sink_rope=sink_rope)
         secs += out.seconds
         first.append(out.first_frame_s)
         t0 = time.perf_counter()
@@ -218,6 +223,9 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
         "fd": _fd(q_gt, q_gen),
         "flicker": float(temporal_flicker(torch.cat([video[:, given - 1:given], q_gen], 1), 255.0).mean()),
         "flicker_gt": float(temporal_flicker(video[:, given - 1:t_len], 255.0).mean()),
+        # VBench's temporal_flickering of the whole output video (given frames + continuation) and of the truth
+        "tf_vbench": float(temporal_flickering(torch.cat([video[:, :given], gen], 1)).mean()),
+        "tf_vbench_gt": float(temporal_flickering(video).mean()),
         "psnr_per_frame": [round(float(x), 3) for x in per_frame],
         "fps": n * (length - given) / max(secs, 1e-9),
         "fps_decoded": n * (length - given) / max(secs + dec_secs, 1e-9),
@@ -232,6 +240,8 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
             "frames": [a + given, e + given],
             "psnr": float(per_frame[a:e].mean()),
             "fd": _fd(gt[:, a:e], gen[:, a:e]),
+            "tf_vbench": float(temporal_flickering(torch.cat([video[:, :given], gen], 1)[:, a + given - 1:e + given])
+                               .mean()),
         }
         m *= 2
     result["_video"] = gen
@@ -292,14 +302,25 @@ def evaluate(cfg) -> dict[str, Any]:
     out["references"] = reference_scores(model, video, data.context, data.batch_size)
     log.info("references: %s", out["references"])
     for regime in regimes:
-        runs = []
-        for seed in data.seeds:
-            r = evaluate_regime(model, video, regime, data.context, seed, data.batch_size)
-            r.pop("_video")
-            runs.append(r)
-            log.info("%s seed %d: PSNR %.2f SSIM %.3f FD %.1f flicker %.4f fps %.1f", regime, seed, r["psnr"],
-                     r["ssim"], r["fd"], r["flicker"], r["fps"])
-        out["regimes"][regime] = {"mean": _mean(runs), "seeds": runs}
+        for sinks, rope in [(0, None)] * (0 in data.sink_frames) + [(k, r) for k in data.sink_frames if k
+                                                                     for r in data.sink_ropes]:
+            name = regime if not sinks else f"{regime}+sink{sinks}" + ("abs" if rope == "absolute" else "")
+            runs = []
+            for seed in data.seeds:
+                try:
+                    r = evaluate_regime(model, video, regime, data.context, seed, data.batch_size, sinks,
+                                        rope or "relative")
+                except ValueError as e:  # more sinks than this regime's context holds
+                    if not sinks:
+                        raise
+                    log.warning("%s: skipped (%s)", name, e)
+                    break
+                r.pop("_video")
+                runs.append(r)
+                log.info("%s seed %d: PSNR %.2f SSIM %.3f FD %.1f flicker %.4f VBench-TF %.4f fps %.1f", name, seed,
+                         r["psnr"], r["ssim"], r["fd"], r["flicker"], r["tf_vbench"], r["fps"])
+            if runs:
+                out["regimes"][name] = {"mean": _mean(runs), "seeds": runs}
     write_json(Path(cfg.out_dir) / "eval.json", out)
     return out
 
