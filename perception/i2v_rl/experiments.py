@@ -26,7 +26,8 @@ from typing import Any
 from core import experiments as ex
 from core.io import read_json, write_json
 
-ARMS = ("tagrpo", "dancegrpo", "tagrpo_indep", "dancegrpo_same")  # the default of --arms (tagrpo_reuse: opt in)
+ARMS = ("tagrpo", "dancegrpo", "tagrpo_indep", "dancegrpo_same")  # the default of --arms (tagrpo_reuse, mixgrpo: opt in)
+GUARD_LAST = 10  # GRPO-Guard's ratio means are summarised over a run's last GUARD_LAST iterations
 # The reward that pays for motion: the simulator's trajectory reward (centroid tracking, in frame diagonals) plus a
 # small PSNR term that keeps the appearance from drifting. In the pilot (``--pilot``, README) a PSNR weight of 0.01
 # gave the group as much spread as the trajectory term; at 0.005 it is half of it, so the motion ranks the rollouts.
@@ -41,8 +42,51 @@ def _trained(iterations: int):
     return trained
 
 
+def guard(ratio_steps: list[dict[str, Any]], last: int = GUARD_LAST) -> dict[str, Any]:
+    """GRPO-Guard's diagnostic of one run (``curve.json``'s ``ratio_steps``), over its last ``last`` iterations.
+
+    ``steps``: sampling step -> the mean over those iterations of the step's importance-ratio mean minus 1
+    (``ratio_m1``), of its sd over the update's samples (``sd``), and the update it was trained in (``update``: 0
+    is on-policy, where the ratio is exactly 1); ``off_policy``: the same averaged over the steps trained after an
+    optimizer step (update >= 1); ``seconds``: the run's summed iteration, rollout, evaluation and update seconds.
+    """
+    if not ratio_steps:
+        return {}
+    top = max(r["iteration"] for r in ratio_steps)
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in ratio_steps:
+        if r["iteration"] > top - last:
+            for e in r["steps"]:
+                by_step.setdefault(e["step"], []).append(e)
+    steps = {i: {"ratio_m1": statistics.fmean(e["mean"] - 1 for e in es), "sd": statistics.fmean(e["sd"] for e in es),
+                 "update": max(e["update"] for e in es)} for i, es in sorted(by_step.items())}
+    off = [v for v in steps.values() if v["update"] >= 1]
+    secs = [r["seconds"] for r in ratio_steps if "seconds" in r]
+    return {"steps": steps, "off_policy": statistics.fmean(v["ratio_m1"] for v in off) if off else None,
+            "seconds": {k: sum(x[k] for x in secs) for k in secs[0]} if secs else {}}
+
+
+def flattens_at(curve: list[dict[str, Any]], tail: int = 3) -> int | None:
+    """The first evaluation from which the mean held-out reward stays on its plateau: the plateau is the mean of the
+    last ``tail`` evaluations and its band the larger of their across-seed sd and their own spread about it; every
+    later mean must lie in the band. None (not flat) when the last ``tail`` means still move by more than a quarter
+    of the curve's whole range, or for a curve of fewer than ``tail + 1`` evaluations."""
+    if len(curve) <= tail:
+        return None
+    means = [p["mean"] for p in curve]
+    if max(means[-tail:]) - min(means[-tail:]) > 0.25 * (max(means) - min(means)):
+        return None
+    plateau = statistics.fmean(p["mean"] for p in curve[-tail:])
+    band = max(max(max(p["sd"], abs(p["mean"] - plateau)) for p in curve[-tail:]), 1e-12)
+    for k, p in enumerate(curve):
+        if all(abs(q["mean"] - plateau) <= band for q in curve[k:]):
+            return p["iteration"]
+    return curve[-1]["iteration"]
+
+
 def summarise(out: Path) -> list[dict[str, Any]]:
-    """One row per arm: held-out reward curve (mean / sd over seeds) by iteration, rollouts, final gain."""
+    """One row per arm: held-out reward curve (mean / sd over seeds) by iteration, rollouts, final gain, where it
+    flattens, GRPO-Guard's per-step ratio means (``guard``) and the run's seconds."""
     curves, evals_by_arm = ex.collect(out, "curve.json"), ex.collect(out, "eval.json")
     rows = []
     for arm, by_seed in curves.items():
@@ -70,9 +114,27 @@ def summarise(out: Path) -> list[dict[str, Any]]:
                      "drops": ex.mean_sd([float(sum(b[i]["reward"] < b[j]["reward"] - 0.01 for j, i in
                                                     zip(its, its[1:], strict=False))) for b in by]),
                      "rollouts": curve[-1]["rollouts"], "iterations": its[-1], "diagnostics": diag,
-                     "eval_gain": ex.mean_sd([e["gain"] for e in evals]) if evals else None})
-    order = {a: i for i, a in enumerate((*ARMS, "tagrpo_reuse"))}
+                     "eval_gain": ex.mean_sd([e["gain"] for e in evals]) if evals else None,
+                     "flattens_at": flattens_at(curve), **_guard_row(cs)})
+    order = {a: i for i, a in enumerate((*ARMS, "tagrpo_reuse", "mixgrpo"))}
     return sorted(rows, key=lambda r: order.get(r["arm"], 99))
+
+
+def _guard_row(cs: list[dict[str, Any]]) -> dict[str, Any]:
+    """GRPO-Guard's per-step ratio means and the seconds of one arm, mean / sd over its seeds' runs."""
+    gs = [g for g in (guard(c.get("ratio_steps", [])) for c in cs) if g]
+    if not gs:
+        return {}
+    steps = sorted(set.intersection(*(set(g["steps"]) for g in gs)))
+    out: dict[str, Any] = {"guard": {str(i): {**ex.mean_sd([g["steps"][i]["ratio_m1"] for g in gs]),
+                                               "update": gs[0]["steps"][i]["update"],
+                                               "ratio_sd": statistics.fmean(g["steps"][i]["sd"] for g in gs)}
+                                     for i in steps}}
+    off = [g["off_policy"] for g in gs if g["off_policy"] is not None]
+    out["guard_off_policy"] = ex.mean_sd(off) if off else None
+    if all(g["seconds"] for g in gs):
+        out["seconds"] = {k: ex.mean_sd([g["seconds"][k] for g in gs]) for k in gs[0]["seconds"]}
+    return out
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -111,13 +173,36 @@ def table(rows: list[dict[str, Any]]) -> str:
     def d3(v):
         return f"{v:+.3f}"
 
+    def secs(r, k):
+        s = r.get("seconds", {}).get(k)
+        return f"{s['mean']:.0f} ± {s['sd']:.0f}" if s else "-"
+
     header = ["arm", "seeds", "iterations", "rollouts", "base", "final (mean ± sd)", "gain (mean ± sd)",
-              "gain per seed", "mean gain over the curve", "drops"]
-    return ex.markdown_table(header, (
-        [r["arm"], r["seeds"], r["iterations"], f"{r['rollouts']:.0f}", f"{r['base']:.3f}",
-         ex.pm(r["final"], digits=3), f"{d3(r['gain']['mean'])} ± {r['gain']['sd']:.3f}",
+              "gain per seed", "mean gain over the curve", "drops", "flat from it.", "train s", "update s"]
+    main = ex.markdown_table(header, (
+        [r["arm"], r["seeds"], r["iterations"], f"{r['rollouts']:.0f}", f"{r['base']:.4f}",
+         ex.pm(r["final"], digits=4), f"{d3(r['gain']['mean'])} ± {r['gain']['sd']:.3f}",
          ", ".join(map(d3, r["gain_per_seed"])), f"{d3(r['mean_gain']['mean'])} ± {r['mean_gain']['sd']:.3f}",
-         f"{r['drops']['mean']:.1f}"] for r in rows)) + "\n"
+         f"{r['drops']['mean']:.1f}", "no" if r.get("flattens_at") is None else r["flattens_at"], secs(r, "iteration"), secs(r, "update")]
+        for r in rows)) + "\n"
+    return main + ("\n" + guard_table(rows) if any(r.get("guard") for r in rows) else "")
+
+
+def guard_table(rows: list[dict[str, Any]]) -> str:
+    """GRPO-Guard's diagnostic: per arm and sampling step, the importance-ratio mean minus 1 (x 1e-3) over the last
+    ``GUARD_LAST`` iterations (mean ± sd over seeds); ``*`` marks a step trained in the first update (on-policy,
+    exactly 0), ``-`` a step not trained then."""
+    steps = sorted({int(i) for r in rows for i in r.get("guard", {})})
+
+    def cell(r, i):
+        g = r.get("guard", {}).get(str(i))
+        if g is None:
+            return "-"
+        return "0 *" if g["update"] == 0 else f"{1e3 * g['mean']:+.2f} ± {1e3 * g['sd']:.2f}"
+
+    off = lambda r: "-" if not r.get("guard_off_policy") else f"{1e3 * r['guard_off_policy']['mean']:+.2f}"  # noqa: E731
+    return ex.markdown_table(["arm", *(f"step {i}" for i in steps), "off-policy mean"],
+                             ([r["arm"], *(cell(r, i) for i in steps), off(r)] for r in rows if r.get("guard"))) + "\n"
 
 
 def updates_per_iteration(extra: list[str]) -> int:
@@ -151,13 +236,18 @@ def parse_rewards(items: list[str] | None) -> dict[str, float]:
 
 
 def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: int = 8, group: int = 8,
-          steps: int | None = None, seed: int = 0, data_overrides: list[str] | None = None) -> dict[str, Any]:
-    """Within-group reward spread of the base model: same initial noise vs independent noise, per SDE ``eta``.
+          steps: int | None = None, seed: int = 0, data_overrides: list[str] | None = None,
+          windows: tuple[int, ...] = (1, 2, 4)) -> dict[str, Any]:
+    """Within-group reward spread of the base model: same initial noise vs independent noise, per SDE ``eta``,
+    and with the SDE only inside a window (MixGRPO).
 
     For ``images`` training conditioning images (the experiment's data), ``group`` SDE rollouts each from one
     shared or from independent initial noises; the reward's std within a group (population), averaged over
     images, and of each reward term. Same-noise groups only help when the start carries a real share of the
-    spread, and the reward must vary at all inside a group for any GRPO advantage to exist.
+    spread, and the reward must vary at all inside a group for any GRPO advantage to exist. ``window_rows`` (at
+    the first ``eta``): the same with the SDE only on ``W`` consecutive steps (each ``W`` of ``windows``, at the
+    noise end, the middle and the data end) and the ODE elsewhere. With same noise the spread is then what the
+    window's draws make, the only part a MixGRPO update can credit; with independent noise the rest is the start.
     """
     import torch
 
@@ -176,7 +266,11 @@ def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: 
     n = min(images, len(pool))
     out: dict[str, Any] = {"base": str(model_cfg.base_path), "rewards": rewards, "images": n, "group": group,
                            "steps": policy.steps, "shift": policy.shift, "rows": []}
-    for eta in etas:
+    s = policy.steps
+    spans = [(None, None)] + [(w, start) for w in windows if w <= s
+                              for start in sorted({0, (s - w) // 2, s - w})]
+    out["window_rows"] = []
+    for eta, (w, start) in [(e, (None, None)) for e in etas] + [(etas[0], sp) for sp in spans[1:]]:
         for noise in ("same", "independent"):
             g = torch.Generator().manual_seed(seed)
             stds, terms = [], {}
@@ -185,7 +279,8 @@ def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: 
                 first = policy.encode_first(imgs)
                 x0 = (policy.initial_noise(1, g).expand(group, -1, -1, -1, -1) if noise == "same"
                       else policy.initial_noise(group, g)).contiguous()
-                traj = policy.rollout(first, x0, eta, g)
+                traj = policy.rollout(first, x0, eta, g, sde_steps=None if w is None else list(range(start,
+                                                                                                   start + w)))
                 video = policy.decode_video(imgs, traj.final, first)
                 total, parts = reward(RewardInputs(video, pool.reference[i:i + 1].expand_as(video).contiguous()))
                 stds.append(float(total.std(unbiased=False)))
@@ -194,7 +289,11 @@ def pilot(base: str | None, rewards: dict[str, float], etas=(0.3, 0.7), images: 
             row = {"eta": eta, "noise": noise, "reward_std": statistics.fmean(stds),
                    **{f"{k}_std": statistics.fmean(a for a, _ in v) for k, v in terms.items()},
                    **{f"{k}_mean": statistics.fmean(b for _, b in v) for k, v in terms.items()}}
-            out["rows"].append(row)
+            if w is None:
+                out["rows"].append(row)
+            else:
+                row = {"window": w, "start": start, **row}
+                out["window_rows"].append(row)
             print(row)
     return out
 

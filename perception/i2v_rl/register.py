@@ -5,8 +5,8 @@ from core.registry import InferSpec, register_method
 register_method(
     "tagrpo",
     folder="perception/i2v_rl",
-    description="GRPO post-training of an image-to-video flow model (TAGRPO vs DanceGRPO), rewards from the "
-                "simulator",
+    description="GRPO post-training of an image-to-video flow model (TAGRPO vs DanceGRPO and MixGRPO), rewards "
+                "from the simulator",
     task="perception.i2v_rl.task",
     config="perception.i2v_rl.configuration_tagrpo",
     model="perception.i2v_rl.modeling_tagrpo:I2VPolicy",
@@ -16,7 +16,8 @@ register_method(
     demo="perception.i2v_rl.demo:demo_section",
     # same base, images, reward, rollouts, harness; out_dir follows algo.name
     arms={"tagrpo": [], "dancegrpo": ["algo=dancegrpo"], "tagrpo_indep": ["algo=tagrpo_indep"],
-          "dancegrpo_same": ["algo=dancegrpo_same"], "tagrpo_reuse": ["algo=tagrpo_reuse"]},
+          "dancegrpo_same": ["algo=dancegrpo_same"], "tagrpo_reuse": ["algo=tagrpo_reuse"],
+          "mixgrpo": ["algo=mixgrpo"]},
     infer=[InferSpec(
         "i2v", "perception.i2v_rl.cli:infer",
         "image-to-video: continue IMAGE with the TAGRPO-post-trained video model (mp4, written atomically)",

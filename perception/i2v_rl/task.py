@@ -261,6 +261,7 @@ class GRPOLearner(nn.Module):
         policy.grid = policy.grid.to(device)
         was_training = self.training
         t_eval = 0.0
+        self._t_iter = time.perf_counter()
         if it % self.eval_every == 0:  # the weights after `it` iterations
             t0 = time.perf_counter()
             self.evaluate(it)
@@ -361,9 +362,13 @@ class GRPOLearner(nn.Module):
         self._ratio_iter.append({"step": int(step), "update": int(batch["chunk"]), "mean": mean, "sd": sd,
                                  "n": round(n * _world())})
         if batch["last"]:
-            it = int(batch["iteration"])
+            it, st = int(batch["iteration"]), batch["stats"]
+            # wall seconds of the iteration in this process (a resumed iteration counts from its resume)
+            wall = time.perf_counter() - getattr(self, "_t_iter", time.perf_counter())
             self.ratio_log = [r for r in self.ratio_log if r["iteration"] != it] + [
-                {"iteration": it, "window": self.algo.window(it, self.policy.steps), "steps": self._ratio_iter}]
+                {"iteration": it, "window": self.algo.window(it, self.policy.steps), "steps": self._ratio_iter,
+                 "seconds": {"iteration": wall, "rollout": st["rollout_s"], "eval": st["eval_s"],
+                             "update": max(wall - st["rollout_s"] - st["eval_s"], 0.0)}}]
             self._ratio_iter = []
             self._write_curve()
         return torch.tensor(mean)

@@ -967,3 +967,40 @@ def test_grpo_guard_ratio_mean_is_one_in_the_first_update_and_logged_per_trained
     assert read_json(tmp_path / "curve.json")["ratio_steps"] == log
     rows = [r for r in read_metrics(tmp_path) if "ratio_mean" in r]
     assert len(rows) == 6 and all(r["ratio_mean"] == 1.0 for r in rows[0::2])
+
+
+def test_experiment_summary_reports_grpo_guard_flattening_and_seconds(tmp_path):
+    from core.io import write_json
+    from perception.i2v_rl.experiments import GUARD_LAST, flattens_at, guard, summarise, table
+
+    def ratio_steps(seed):
+        out = []
+        for it in range(GUARD_LAST + 5):
+            early = it < 5  # left out of the summary: before the last GUARD_LAST iterations
+            out.append({"iteration": it, "window": [0, 1], "seconds": {"iteration": 3.0, "rollout": 1.0, "eval": 0.5,
+                                                                        "update": 1.5},
+                        "steps": [{"step": 0, "update": 0, "mean": 1.0, "sd": 0.0, "n": 16},
+                                  {"step": 1, "update": 1, "mean": 0.5 if early else 1 - 0.002 * (seed + 1),
+                                   "sd": 0.001, "n": 16}]})
+        return out
+
+    for seed in (0, 1):
+        curve = [{"iteration": i, "rollouts": 16 * i, "reward": r}
+                 for i, r in zip(range(0, 35, 5), [0.0, 0.5, 0.8, 1.0, 1.01, 0.99, 1.0 + 0.01 * seed], strict=True)]
+        write_json(tmp_path / f"mixgrpo_s{seed}" / "curve.json",
+                   {"algo": {"name": "mixgrpo"}, "curve": curve, "ratio_steps": ratio_steps(seed)})
+    g = guard(ratio_steps(0))
+    assert g["steps"][0] == {"ratio_m1": 0.0, "sd": 0.0, "update": 0}
+    assert g["steps"][1]["ratio_m1"] == pytest.approx(-0.002) and g["off_policy"] == pytest.approx(-0.002)
+    assert g["seconds"] == {"iteration": 45.0, "rollout": 15.0, "eval": 7.5, "update": 22.5}
+    (row,) = summarise(tmp_path)
+    assert row["guard"]["1"]["mean"] == pytest.approx(-0.003) and row["guard"]["1"]["sd"] == pytest.approx(
+        0.002 / 2**0.5)
+    assert row["guard"]["0"]["mean"] == 0.0 and row["guard_off_policy"]["mean"] == pytest.approx(-0.003)
+    assert row["seconds"]["iteration"]["mean"] == 45.0 and row["flattens_at"] == 15
+    text = table([row])
+    assert "| 0 * | -3.00 ± 1.41 | -3.00 |" in text and "| 15 | 45 ± 0 | 22 ± 0 |" in text
+    # a curve still rising at its end flattens only there; a short one has no answer
+    rising = [{"iteration": i, "mean": float(i), "sd": 0.1} for i in range(0, 30, 5)]
+    assert flattens_at(rising) is None and flattens_at(rising[:3]) is None
+    assert flattens_at(rising + [{"iteration": i, "mean": 25.05, "sd": 0.1} for i in (30, 35, 40)]) == 25
