@@ -200,9 +200,9 @@ def _with_peft(base: Path, adapter: Path):
     return fresh.eval()
 
 
-@pytest.mark.parametrize("kind", ["lora", "dora", "uniform"])
+@pytest.mark.parametrize("kind", ["lora", "dora", "uniform", "fourierft", "waveft"])
 def test_fera_arm_exports_a_peft_adapter_folder(tmp_path, kind):
-    """The lora / dora arms and uniformly routed FeRA write adapter/, which ``PeftModel.from_pretrained`` opens on
+    """The lora / dora / fourierft / waveft arms and uniformly routed FeRA write adapter/, which ``PeftModel.from_pretrained`` opens on
     the un-adapted backbone with the same outputs as the workspace's own load."""
     from perception.adapters.configuration_fera import AdaptedDenoiserConfig, AdapterConfig
     from perception.adapters.modeling_fera import AdaptedDenoiser
@@ -217,7 +217,7 @@ def test_fera_arm_exports_a_peft_adapter_folder(tmp_path, kind):
     model = AdaptedDenoiser(AdaptedDenoiserConfig(base_path=str(base), adapter=adapter)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "_spectrum" in name:
                 p.normal_(0.0, 0.2)
     folder = model.save_pretrained(tmp_path / "export")
     assert sorted(p.name for p in (folder / "adapter").iterdir()) == ["adapter_config.json",
@@ -243,6 +243,11 @@ def test_fera_arm_exports_a_peft_adapter_folder(tmp_path, kind):
     ema = {k: v + 1.0 for k, v in model.trained_state_dict().items()}
     written = load_weights(model.save_pretrained(tmp_path / "ema", state_dict=ema) / "adapter" /
                            "adapter_model.safetensors")
+    if kind in ("fourierft", "waveft"):  # peft's key: <layer>.<kind>_spectrum (ours: ... .default)
+        s_keys = sorted(k for k in written if "_spectrum" in k)
+        assert s_keys and all(torch.equal(written[k], ema["denoiser.backbone." + k.removeprefix("base_model.model.")
+                                                         + ".default"]) for k in s_keys)
+        return
     a_keys = sorted(k for k in written if ".lora_A." in k)
     assert a_keys and all(torch.equal(written[k], ema["denoiser.backbone." + k.removeprefix("base_model.model.")
                                                      .replace(".lora_A.weight", ".lora_A" + (

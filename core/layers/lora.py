@@ -45,12 +45,14 @@ __all__ = [
     "ADAPTER_CONFIG_FILE",
     "ADAPTER_WEIGHTS_FILE",
     "inject_lora",
+    "inject_peft",
     "is_lora_layer",
     "load_lora",
     "load_lora_state_dict",
     "lora_config",
     "lora_parameters",
     "lora_state_dict",
+    "matching_linears",
     "merge_lora",
     "save_lora",
 ]
@@ -69,15 +71,41 @@ def is_lora_layer(module: nn.Module) -> bool:
 def _inject(module: nn.Module, config: Any, adapter_name: str) -> None:
     """``peft.inject_adapter_in_model``; then only the wrapped base linears stay frozen (peft freezes all)."""
     from peft import inject_adapter_in_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
     grad = {id(p): p.requires_grad for p in module.parameters()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
         inject_adapter_in_model(config, module, adapter_name=adapter_name)
-    frozen = {id(p) for m in module.modules() if is_lora_layer(m) for p in m.get_base_layer().parameters()}
+    frozen = {id(p) for m in module.modules() if isinstance(m, BaseTunerLayer)
+              for p in m.get_base_layer().parameters()}
     for p in module.parameters():
         if id(p) in grad and id(p) not in frozen:
             p.requires_grad_(grad[id(p)])
+
+
+def inject_peft(module: nn.Module, config: Any, adapter_name: str = _DEFAULT) -> list[str]:
+    """Inject any peft tuner (``FourierFTConfig``, ``WaveFTConfig``, ...) into ``module`` in place, with
+    ``inject_lora``'s semantics: the wrapped linears are frozen, every other parameter keeps its ``requires_grad``.
+    ``lora_state_dict`` / ``save_lora`` / ``load_lora`` then save and load it in peft's layout. Returns the
+    wrapped layers' names."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    _inject(module, config, adapter_name)
+    return [n for n, m in module.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def matching_linears(module: nn.Module, targets: Sequence[str] | str) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` s of ``module`` whose qualified names match ``targets`` (``inject_lora``'s matching).
+
+    Raises:
+        ValueError: none matches.
+    """
+    found = {n: m for n, m in module.named_modules() if type(m) is nn.Linear and _matches(n, targets)}
+    if not found:
+        shown = targets if isinstance(targets, str) else list(targets)
+        raise ValueError(f"no nn.Linear in {type(module).__name__} matches {shown!r}")
+    return found
 
 
 def _matches(name: str, targets: Sequence[str] | str) -> bool:
@@ -244,7 +272,8 @@ def load_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEF
 
     The adapter's layers are injected first when ``module`` has none yet (from ``adapter_config.json``).
     """
-    from peft import LoraConfig
+    from peft import PeftConfig
+    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 
     from core.checkpoint import load_weights
 
@@ -252,7 +281,8 @@ def load_lora(module: nn.Module, directory: str | Path, adapter_name: str = _DEF
     state = load_weights(directory / ADAPTER_WEIGHTS_FILE)
     state = {k.removeprefix(_PEFT_PREFIX): v for k, v in state.items()}
     if getattr(module, "peft_config", {}).get(adapter_name) is None:
-        _inject(module, LoraConfig.from_pretrained(str(directory)), adapter_name)
+        kind = PeftConfig.from_pretrained(str(directory)).peft_type  # LoRA, FOURIERFT, WAVEFT, ...
+        _inject(module, PEFT_TYPE_TO_CONFIG_MAPPING[kind].from_pretrained(str(directory)), adapter_name)
     load_lora_state_dict(module, state, adapter_name)
     return module
 

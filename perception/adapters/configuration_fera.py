@@ -13,6 +13,7 @@ Three groups of the config tree:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 
 from core.config import choice, schema
@@ -24,11 +25,17 @@ ATTENTION_PROJECTIONS = ["to_q", "to_k", "to_v", "to_out.0"]
 @schema("adapter", "adapter_schema")
 @dataclass
 class AdapterConfig:
-    """An adapter arm. FeRA fields are ignored by ``lora`` / ``dora`` (peft), which use ``rank`` as their rank."""
+    """An adapter arm. FeRA fields are ignored by peft's ``lora`` / ``dora``, which use ``rank`` as their rank,
+    and by peft's ``fourierft`` / ``waveft`` (a trained sparse spectrum of ``n_frequency`` Fourier / wavelet
+    coefficients per layer, transformed to the update ``delta W``, zero at init like every other arm's;
+    ``n_frequency`` None: ``rank * (in + out)`` per layer, a rank-``rank`` LoRA's count, so the arms compare at
+    equal trainable parameters (at most ``in * out``: a layer too small for it gets a dense spectrum);
+    ``spectrum_scaling`` None: peft's default, 150 / 25). ``routing="xlora"``: FeRA's experts routed as X-LoRA routes them
+    (``perception.adapters.fera``), its classifier reading the base's last hidden state."""
 
     name: str = "fera"  # the arm's name (fera, fera_norouter, ...): names its output folder
-    kind: str = "fera"  # fera | lora | dora
-    rank: int = 4  # per expert for FeRA; the adapter's rank for LoRA / DoRA
+    kind: str = "fera"  # fera | lora | dora | fourierft | waveft
+    rank: int = 4  # per expert for FeRA; the adapter's rank for LoRA / DoRA; sets n_frequency's default
     alpha: float | None = None  # scale numerator; None -> rank (scale 1)
     target_modules: list[str] = field(default_factory=lambda: list(ATTENTION_PROJECTIONS))
     num_experts: int = 3
@@ -38,12 +45,19 @@ class AdapterConfig:
     finest_band: str = "keep"
     router_hidden: int = 64
     temperature: float = 0.7
-    routing: str = "soft"  # soft | uniform (ablation: no router)
+    routing: str = "soft"  # soft | uniform (ablation: no router) | xlora (X-LoRA's classifier on the hidden state)
+    xlora_hidden: str = "auto"  # xlora: the module whose input is the last hidden state (auto: norm_out /
+    # conv_norm_out)
     fecl_weight: float = 0.1  # 0: ablation without FECL (and no base pass)
+    n_frequency: int | None = None  # fourierft / waveft: coefficients per layer (None: rank * (in + out))
+    spectrum_scaling: float | None = None  # fourierft / waveft: peft's ``scaling`` (None: 150 / 25, peft's)
+    wavelet_family: str = "db1"  # waveft
 
     def __post_init__(self) -> None:
-        choice("adapter.kind", self.kind, ("fera", "lora", "dora"))
-        choice("adapter.routing", self.routing, ("soft", "uniform"))
+        choice("adapter.kind", self.kind, ("fera", "lora", "dora", "fourierft", "waveft"))
+        choice("adapter.routing", self.routing, ("soft", "uniform", "xlora"))
+        if self.n_frequency is not None and self.n_frequency < 1:
+            raise ConfigError(f"adapter.n_frequency must be >= 1, got {self.n_frequency}")
         choice("adapter.finest_band", self.finest_band, ("keep", "drop"))
         if self.rank < 1 or self.num_experts < 1:
             raise ConfigError(f"adapter.rank and adapter.num_experts must be >= 1, got {self.rank}, "
@@ -59,7 +73,37 @@ class AdapterConfig:
                           alpha=self.alpha, num_bands=self.num_bands, kappa=self.kappa,
                           kappa_divisor=self.kappa_divisor,
                           finest_band=self.finest_band, router_hidden=self.router_hidden,
-                          temperature=self.temperature, routing=self.routing, fecl_weight=self.fecl_weight)
+                          temperature=self.temperature, routing=self.routing, fecl_weight=self.fecl_weight,
+                          xlora_hidden=self.xlora_hidden)
+
+    def peft_config(self, layers: dict[str, tuple[int, int]]):
+        """peft's config of a ``lora`` / ``dora`` / ``fourierft`` / ``waveft`` arm on ``layers`` (qualified name ->
+        (in, out) features of each adapted linear)."""
+        if self.kind in ("lora", "dora"):
+            from core.layers.lora import lora_config
+
+            return lora_config(layers, self.rank, self.alpha, use_dora=self.kind == "dora")
+        if self.n_frequency is not None:
+            small = [n for n, (i, o) in layers.items() if self.n_frequency > i * o]
+            if small:
+                raise ConfigError(f"adapter.n_frequency {self.n_frequency} > the entries of {small[0]} "
+                                  f"({layers[small[0]][0]} x {layers[small[0]][1]})")
+        # the default: LoRA rank ``rank``'s count, at most every entry of the layer (a dense update)
+        counts = {n: self.n_frequency or min(self.rank * (i + o), i * o) for n, (i, o) in layers.items()}
+        top = max(counts.values())
+        common = {"target_modules": sorted(layers), "n_frequency": top, "init_weights": True,
+                  # peft matches a pattern key as a name suffix (fourierft: ".*\.KEY$"; waveft: "(.*\.)?(KEY)$");
+                  # "(?!)|^NAME" matches the whole qualified name alone under both
+                  "n_frequency_pattern": {f"(?!)|^{re.escape(n)}": c for n, c in counts.items() if c != top}}
+        if self.spectrum_scaling is not None:
+            common["scaling"] = self.spectrum_scaling
+        if self.kind == "fourierft":
+            from peft import FourierFTConfig
+
+            return FourierFTConfig(**common)
+        from peft import WaveFTConfig
+
+        return WaveFTConfig(wavelet_family=self.wavelet_family, **common)
 
 
 KINDS = ("unet", "dit")

@@ -22,7 +22,7 @@ from typing import Any
 from core import experiments as ex
 from core.io import write_json
 
-ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora")  # the registered arms, in run order
+ARMS = ("fera", "fera_norouter", "fera_nofecl", "lora", "dora", "xlora", "fourierft", "waveft")  # run order
 
 
 def grid(out: Path, kind: str, size: int, arms: dict[str, tuple[str, ...]], seeds: list[int], steps: int,

@@ -15,7 +15,14 @@ What is injected:
   ``FeRARouter.layout_of``), computes its band energies
   (``perception.adapters.frequency``) and the routing weights ``softmax(MLP(e) / T)`` once per forward; every
   adapted layer of that forward reads the same ``(N, E)`` weights. ``routing="uniform"`` (the "no router"
-  ablation) uses ``1 / E`` for every expert and builds no MLP.
+  ablation) uses ``1 / E`` for every expert and builds no MLP. ``routing="xlora"`` routes the same experts as
+  X-LoRA (Buehler & Buehler 2024; peft's ``xlora``) does: a scaling pass of the base (experts off, no gradient),
+  a linear classifier on its last hidden state (the input of ``config.xlora_hidden``: ``norm_out`` of a
+  diffusers DiT, ``conv_norm_out`` of a UNet) giving per-token ``softmax(logits / T)`` over the experts, shared
+  by every layer (X-LoRA's default, not layer-wise), then the adapted pass. A layer whose token count differs
+  from the hidden state's (a UNet level of another resolution, cross-attention keys) gets the tokens' mean.
+  peft's own ``XLoraModel`` cannot wrap a denoiser: its scaling pass asks the model for ``output_hidden_states``
+  and reads ``input_ids`` / ``inputs_embeds``, a language model's interface.
 
 The experts of one layer are evaluated as one rank-``E*r`` product with the routing weights between the two
 factors (``B diag(r (x) 1_r) A x``), so a FeRA layer costs what a LoRA of rank ``E*r`` costs.
@@ -70,6 +77,9 @@ __all__ = [
     "unmerge_fera",
 ]
 
+ROUTINGS = ("soft", "uniform", "xlora")
+#: the modules whose input is a model's last hidden state (``routing="xlora"``, ``xlora_hidden="auto"``)
+HIDDEN_MODULES = ("norm_out", "conv_norm_out")
 CONFIG_FILE = "fera_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 ROUTER_NAME = "fera_router"
@@ -95,7 +105,9 @@ class FeRAConfig:
     finest_band: str = "keep"  # keep | drop (the reference code's); see frequency.py
     router_hidden: int = 64
     temperature: float = 0.7
-    routing: str = "soft"  # soft | uniform (no router: every expert weighted 1 / E)
+    routing: str = "soft"  # soft | uniform (no router: every expert weighted 1 / E) | xlora (see the module doc)
+    xlora_hidden: str = "auto"  # xlora: the module whose input is the last hidden state (auto: norm_out /
+    # conv_norm_out)
     fecl_weight: float = 0.1  # read by the training loop, not by the layers
     latent_keys: list[str] = field(default_factory=lambda: ["sample", "hidden_states", "x"])
     video_layout: str = "auto"  # auto | ntchw (N, T, C, H, W) | bcfhw (B, C, F, H, W): how a 5-D latent is read
@@ -111,8 +123,8 @@ class FeRAConfig:
             raise ConfigError(f"FeRA: num_bands must be >= 2, got {self.num_bands}")
         if self.temperature <= 0:
             raise ConfigError(f"FeRA: temperature must be > 0, got {self.temperature}")
-        if self.routing not in ("soft", "uniform"):
-            raise ConfigError(f"FeRA: routing must be soft or uniform, got {self.routing!r}")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"FeRA: routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
         if self.finest_band not in ("keep", "drop"):
             raise ConfigError(f"FeRA: finest_band must be keep or drop, got {self.finest_band!r}")
         if self.video_layout not in VIDEO_LAYOUTS:
@@ -147,6 +159,8 @@ class FeRARouter(nn.Module):
         self.mlp = (nn.Sequential(nn.Linear(config.num_bands, config.router_hidden), nn.GELU(),
                                   nn.Linear(config.router_hidden, e))
                     if config.routing == "soft" else None)
+        self.classifier: nn.Linear | None = None  # routing="xlora": set by apply_fera (it knows the width)
+        object.__setattr__(self, "_hidden_module", None)
         # (N, E) of the latest adapted forward. Kept after it returns: gradient-checkpointed blocks re-run their
         # forward during backward and must route as they did (a disabled base pass in between leaves it alone)
         self.weights: torch.Tensor | None = None
@@ -208,7 +222,7 @@ class FeRARouter(nn.Module):
         cached = self._expanded
         if cached is not None and cached[0] is weights and cached[1] == dtype:
             return cached[2]
-        rr = weights.to(dtype).repeat_interleave(self.config.rank, dim=1)
+        rr = weights.to(dtype).repeat_interleave(self.config.rank, dim=-1)
         self._expanded = (weights, dtype, rr)
         return rr
 
@@ -222,7 +236,29 @@ class FeRARouter(nn.Module):
         if latent is None or latent.dim() not in (4, 5):
             raise ValueError(f"FeRA router: no (N, C, H, W) or 5-D video latent among the keywords "
                              f"{self.config.latent_keys} or the first positional argument of the adapted model")
+        if self.classifier is not None and self.fixed is None:
+            self.weights = self.scaling_pass(module, args, kwargs)
+            return
         self.weights = self.route(latent)
+
+    def scaling_pass(self, model: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+        """X-LoRA's routing: the base's last hidden state (experts off, no gradient) -> per-token softmax over
+        the experts, ``(N, T, E)`` (a 4-D hidden state ``(N, C, H, W)`` is read as ``H * W`` tokens)."""
+        self.calls += 1
+        captured: list[torch.Tensor] = []
+        hook = self._hidden_module.register_forward_pre_hook(lambda m, a: captured.append(a[0]))
+        self.enabled = False
+        try:
+            with torch.no_grad():
+                model(*args, **kwargs)
+        finally:
+            self.enabled = True
+            hook.remove()
+        h = captured[-1]
+        if h.dim() == 4:
+            h = h.flatten(2).transpose(1, 2)  # (N, C, H, W) -> (N, H*W, C)
+        logits = self.classifier(h.to(self.classifier.weight.dtype))
+        return torch.softmax(logits / self.config.temperature, dim=-1)
 
 
 class FeRALinear(nn.Module):
@@ -270,8 +306,11 @@ class FeRALinear(nn.Module):
         if x.shape[0] != weights.shape[0]:
             raise ValueError(f"FeRA layer: input batch {x.shape[0]} differs from the routed batch "
                              f"{weights.shape[0]} (the layer must see the model's batch as its first dim)")
-        rr = router.expanded(weights, x.dtype)  # (N, E*r)
-        rr = rr.view(rr.shape[0], *([1] * (x.dim() - 2)), rr.shape[1])
+        rr = router.expanded(weights, x.dtype)  # (N, E*r), or (N, T, E*r) per token (xlora)
+        if rr.dim() == 3 and not (x.dim() == 3 and x.shape[1] == rr.shape[1]):
+            rr = rr.mean(1)  # another token count than the hidden state's: the tokens' mean routing
+        if rr.dim() == 2:
+            rr = rr.view(rr.shape[0], *([1] * (x.dim() - 2)), rr.shape[1])
         h = nn.functional.linear(x, self.lora_A) * rr
         return y + self.scale * nn.functional.linear(h, self.lora_B)
 
@@ -304,6 +343,30 @@ def _input_channels(model: nn.Module) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _hidden_module(model: nn.Module, name: str) -> nn.Module:
+    """The module whose input is ``model``'s last hidden state (``routing="xlora"``)."""
+    names = HIDDEN_MODULES if name == "auto" else (name,)
+    for n in names:
+        try:
+            m = model.get_submodule(n)
+        except AttributeError:
+            continue
+        if m is not None:
+            return m
+    raise ConfigError(f"FeRA xlora routing: {type(model).__name__} has no module {' or '.join(names)} whose input "
+                      "is the last hidden state; set xlora_hidden to one")
+
+
+def _width(module: nn.Module, name: str) -> int:
+    """The feature width of ``module``'s input (a norm's or a linear's)."""
+    for attr in ("in_features", "num_channels", "normalized_shape"):
+        v = getattr(module, attr, None)
+        if v is not None:
+            return int(v[-1] if isinstance(v, (tuple, list)) else v)
+    raise ConfigError(f"FeRA xlora routing: cannot read the width of {name!r} ({type(module).__name__}); point "
+                      "xlora_hidden at a norm or linear layer")
+
+
 def _default_layout(model: nn.Module) -> str:
     """``"bcfhw"`` for diffusers' channels-first video transformers, else ``"ntchw"`` (see ``layout_of``)."""
     return "bcfhw" if type(model).__name__.startswith(CHANNELS_FIRST_MODELS) else "ntchw"
@@ -322,6 +385,10 @@ def apply_fera(model: nn.Module, config: FeRAConfig) -> nn.Module:
     model.requires_grad_(False)
     router = FeRARouter(config)
     router.in_channels, router.default_layout = _input_channels(model), _default_layout(model)
+    if config.routing == "xlora":
+        hidden = _hidden_module(model, config.xlora_hidden)
+        object.__setattr__(router, "_hidden_module", hidden)  # not a submodule of the router
+        router.classifier = nn.Linear(_width(hidden, config.xlora_hidden), config.num_experts)
     p = next(model.parameters(), None)
     if p is not None:
         router.to(p.device)

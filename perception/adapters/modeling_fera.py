@@ -4,24 +4,25 @@
 from ``BASE`` (read-only, frozen: a user's diffusers pipeline / model folder with its VAE (``vae_path``), run in its
 latent space as ``latent.LatentDenoiser`` with the settings of ``latent``; else a pixel base,
 ``backbones.load_denoiser``) and injects the arm on its diffusers backbone:
-FeRA's routed experts (``perception.adapters.fera.apply_fera``; its ablations are FeRA configs) or peft's LoRA /
-DoRA (``core.layers.lora.inject_lora``). Its folder (``save_pretrained``) stores only what the arm trains and
+FeRA's routed experts (``perception.adapters.fera.apply_fera``; its ablations and the X-LoRA-routed arm are FeRA
+configs) or peft's LoRA / DoRA (``core.layers.lora.inject_lora``) / FourierFT / WaveFT (``inject_peft``). Its folder (``save_pretrained``) stores only what the arm trains and
 references the base (``base_fields = ("base_path",)``)::
 
     model.safetensors   the adapter tensors, in the model's naming: FeRA's experts
                         (``denoiser.backbone.<layer>.lora_A`` / ``.lora_B``) and router
                         (``denoiser.backbone.fera_router.mlp.*``), or peft's
                         (``<layer>.lora_A.default.weight``, ``.lora_B.default.weight``, DoRA's
-                        ``.lora_magnitude_vector.default.weight``)
+                        ``.lora_magnitude_vector.default.weight``, FourierFT's / WaveFT's
+                        ``.fourierft_spectrum.default`` / ``.waveft_spectrum.default``)
     config.json         {"method": "fera", "model": {"base_path": <the base folder>, "adapter": {the arm}},
                          "base_model": {the base's architecture and pretraining settings}, ... the run config}
     README.md           model card (its ``upstream`` field says what peft opens, see ``save_upstream``)
     base/               the base denoiser folder, in a self-contained export (``copy_base=True``)
-    adapter/            the arm as a peft LoRA / DoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``)
+    adapter/            the arm as a peft folder (``adapter_config.json`` + ``adapter_model.safetensors``)
                         for ``peft.PeftModel.from_pretrained(<the base's diffusers backbone>, DIR/adapter)``: the
-                        ``lora`` / ``dora`` arms, and FeRA with ``routing="uniform"`` (a frozen routing vector is
+                        ``lora`` / ``dora`` / ``fourierft`` / ``waveft`` arms, and FeRA with ``routing="uniform"`` (a frozen routing vector is
                         a rank-``E*r`` LoRA, ``fera.fera_to_peft``). Soft-routed FeRA has no peft equivalent
-                        (its routing depends on the input), so its export has no ``adapter/``.
+                        (its routing, and the X-LoRA-routed arm's, depends on the input), so its export has no ``adapter/``.
 
 ``AdaptedDenoiser.from_pretrained(DIR)`` / ``core.pretrained.load_pretrained(DIR)`` rebuild it around the base
 and require exactly those tensors. The library's own adapter folders (``save_fera``: ``fera_config.json`` +
@@ -51,8 +52,9 @@ from perception.adapters.configuration_fera import (
 
 __all__ = ["ADAPTER_TENSORS", "AdaptedDenoiser", "example", "is_adapter_key", "load_base_denoiser", "tiny_config"]
 
-#: State-dict name segments of the tensors an arm trains (FeRA's experts and peft's LoRA / DoRA layers).
-ADAPTER_TENSORS = ("lora_A", "lora_B", "lora_magnitude_vector")
+#: State-dict name segments of the tensors an arm trains (FeRA's experts, peft's LoRA / DoRA layers and the
+#: FourierFT / WaveFT spectra).
+ADAPTER_TENSORS = ("lora_A", "lora_B", "lora_magnitude_vector", "fourierft_spectrum", "waveft_spectrum")
 _ROUTER_PREFIX = "denoiser.backbone.fera_router."
 
 
@@ -89,9 +91,15 @@ class AdaptedDenoiser(PreTrainedModel):
         self.fera = adapter.fera_config() if adapter.kind == "fera" else None
         if self.fera is not None:
             apply_fera(denoiser.backbone, self.fera)
-        else:
+        elif adapter.kind in ("lora", "dora"):
             inject_lora(denoiser.backbone, adapter.target_modules, rank=adapter.rank, alpha=adapter.alpha,
                         use_dora=adapter.kind == "dora")
+        else:  # peft's fourierft / waveft, on the same linears
+            from core.layers.lora import inject_peft, matching_linears
+
+            layers = matching_linears(denoiser.backbone, adapter.target_modules)
+            inject_peft(denoiser.backbone, adapter.peft_config(
+                {n: (m.in_features, m.out_features) for n, m in layers.items()}))
 
     @classmethod
     def around(cls, denoiser: nn.Module, adapter: AdapterConfig, base_path: str | Path = "", vae_path: str | Path = "",

@@ -5,8 +5,8 @@ from core.registry import InferSpec, register_method
 register_method(
     "fera",
     folder="perception/adapters",
-    description="frequency-energy routed adapter experts for diffusion fine-tuning, against LoRA and DoRA "
-                "(peft)",
+    description="frequency-energy routed adapter experts for diffusion fine-tuning, against peft's LoRA, DoRA, "
+                "FourierFT and WaveFT and X-LoRA's routing",
     task="perception.adapters.task",
     config="perception.adapters.configuration_fera",
     model="perception.adapters.modeling_fera:AdaptedDenoiser",
@@ -17,7 +17,8 @@ register_method(
     demo="perception.adapters.demo:demo_section",
     # same base, shots, steps, harness; out_dir follows adapter.name
     arms={"fera": [], "fera_norouter": ["adapter=fera_norouter"], "fera_nofecl": ["adapter=fera_nofecl"],
-          "lora": ["adapter=lora"], "dora": ["adapter=dora"]},
+          "lora": ["adapter=lora"], "dora": ["adapter=dora"], "xlora": ["adapter=xlora"],
+          "fourierft": ["adapter=fourierft"], "waveft": ["adapter=waveft"]},
     infer=[InferSpec(
         "fera-samples", "perception.adapters.cli:infer",
         "sample images (grid.png + samples/) from a FeRA / LoRA / DoRA-adapted diffusion model of "

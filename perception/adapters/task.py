@@ -325,7 +325,7 @@ class Harness:
         for t in levels:
             tt = torch.full((x0.shape[0],), float(t), device=x0.device)
             x_t = d.objective.noisy(x0, eps, tt) if self.model.is_latent else (1 - t) * x0 + t * eps
-            out[f"t{t:g}"] = router.route(x_t).mean(0).tolist()
+            out[f"t{t:g}"] = _mean_routing(d, router, x_t, tt)
         return out
 
 
@@ -432,7 +432,18 @@ def routing_by_level(model: nn.Module, images: torch.Tensor, levels: list[float]
     g = torch.Generator().manual_seed(0)
     x0 = images.float() / 127.5 - 1
     eps = torch.randn(x0.shape, generator=g)
-    return {f"t{t:g}": router.route((1 - t) * x0 + t * eps).mean(0).tolist() for t in levels}
+    return {f"t{t:g}": _mean_routing(denoiser, router, (1 - t) * x0 + t * eps, torch.full((len(x0),), float(t)))
+            for t in levels}
+
+
+@torch.no_grad()
+def _mean_routing(denoiser: nn.Module, router, x_t: torch.Tensor, t: torch.Tensor) -> list[float]:
+    """The routing weights over the experts at ``x_t``, averaged over the batch (and tokens): the router reads
+    the latent itself, or (``routing="xlora"``) the base's hidden state of a forward of the denoiser."""
+    if router.classifier is None:
+        return router.route(x_t).mean(0).tolist()
+    denoiser(x_t, t)
+    return router.weights.flatten(0, -2).mean(0).tolist()
 
 
 def _as_frames(pixels: torch.Tensor) -> torch.Tensor:

@@ -188,6 +188,44 @@ def test_routing_depends_on_the_latent_and_uniform_has_no_router():
     assert torch.equal(router_of(uni).route(smooth), torch.full((1, 3), 1 / 3))
 
 
+def test_xlora_routing_reads_the_base_hidden_state_per_token_and_pools_elsewhere():
+    """X-LoRA's routing: a scaling pass of the base (experts off, no gradient) feeds a linear classifier on the
+    input of norm_out; the per-token softmax is what every layer of the adapted pass uses (a UNet layer of another
+    token count gets the tokens' mean); gradients reach the classifier and the experts; disabled == base."""
+    model = tiny_dit()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = run(model, x)
+    hidden = []
+    model.norm_out.register_forward_pre_hook(lambda m, a: hidden.append(a[0].detach()))
+    apply_fera(model, FeRAConfig(routing="xlora", temperature=1.0, **CFG))
+    router = router_of(model)
+    assert router.mlp is None and router.classifier.in_features == 16 and router.classifier.out_features == 3
+    with torch.no_grad():
+        assert torch.equal(run(model, x), ref)  # zero up-projections: the base, scaling pass and all
+    randomise(model)
+    hidden.clear()
+    out = run(model, x)
+    assert len(hidden) == 2 and router.calls == 2  # the scaling pass and the adapted pass; one routing each
+    with torch.no_grad():
+        want = torch.softmax(router.classifier(hidden[0]), -1)  # from the base's hidden state (pass 1)
+    assert router.weights.shape == (2, 64, 3) and torch.allclose(router.weights, want)
+    assert not torch.allclose(router.weights[0, 0], router.weights[0, 5])  # per token
+    out.pow(2).mean().backward()
+    assert router.classifier.weight.grad.abs().sum() > 0
+    assert all(layer.lora_A.grad is not None for _, layer in fera_layers(model))
+    with torch.no_grad(), disable_fera(model):
+        assert torch.equal(run(model, x), ref)
+    unet = tiny_unet()  # conv_norm_out's input is 16 x 16 tokens; the 8 x 8 level's layers pool them
+    apply_fera(unet, FeRAConfig(routing="xlora", **CFG))
+    randomise(unet)
+    y = run(unet, x)
+    assert torch.isfinite(y).all() and router_of(unet).weights.shape == (2, 256, 3)
+    with pytest.raises(ConfigError, match="xlora_hidden"):
+        apply_fera(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+                   FeRAConfig(routing="xlora", target_modules=["0"], **CFG))
+
+
 def test_merged_equals_unmerged_under_frozen_routing():
     model = tiny_dit()
     apply_fera(model, FeRAConfig(**CFG))

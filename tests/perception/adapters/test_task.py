@@ -42,7 +42,8 @@ def trained(tmp_path_factory):
     from perception.adapters import task
 
     root = tmp_path_factory.mktemp("fera")
-    results = {arm: task.train(compose(overrides(root, arm))) for arm in ("fera", "lora", "dora")}
+    results = {arm: task.train(compose(overrides(root, arm)))
+               for arm in ("fera", "lora", "dora", "xlora", "fourierft", "waveft")}
     return root, results
 
 
@@ -50,9 +51,12 @@ def test_arms_train_with_matched_parameters_and_write_adapters(trained):
     root, results = trained
     n = {arm: r["trainable_parameters"] for arm, r in results.items()}
     assert abs(n["fera"] - n["lora"]) / n["lora"] < 0.05 and abs(n["dora"] - n["lora"]) / n["lora"] < 0.1
-    for arm in ("fera", "lora", "dora"):  # the exported model: config.json names the arm and the base
+    assert abs(n["xlora"] - n["lora"]) / n["lora"] < 0.05
+    # the spectral arms: LoRA's count per layer, capped at the layer's entries (the tiny UNet's 16 x 16 linears)
+    assert n["fourierft"] == n["waveft"] and 0.7 * n["lora"] < n["fourierft"] <= n["lora"]
+    for arm in ("fera", "lora", "dora", "xlora", "fourierft", "waveft"):  # the exported model: config.json names the arm and the base
         model = json.loads((root / f"fera_unet_tiny_{arm}" / "adapter" / "config.json").read_text())["model"]
-        assert model["adapter"]["kind"] == arm and Path(model["base_path"]) == (root / "base_fera_unet_tiny").absolute()
+        assert model["adapter"]["name"] == arm and Path(model["base_path"]) == (root / "base_fera_unet_tiny").absolute()
     curve = json.loads((root / "fera_unet_tiny_fera" / "curve.json").read_text())
     assert [p["step"] for p in curve] == [0, 2, 4] and set(curve[0]) >= {"t0.1", "t0.9", "mean"}
     # every arm starts from the same base: identical step-0 losses
@@ -60,7 +64,7 @@ def test_arms_train_with_matched_parameters_and_write_adapters(trained):
     assert c0[0] == c0[1]
 
 
-@pytest.mark.parametrize("arm", ["fera", "lora", "dora"])
+@pytest.mark.parametrize("arm", ["fera", "lora", "dora", "xlora", "fourierft", "waveft"])
 def test_adapter_folder_reproduces_the_trained_model(trained, arm):
     """base + the exported adapter-only folder == the full training checkpoint, exactly; the folder holds only the
     arm's tensors, and load_pretrained rebuilds both the export and the run folder (its newest checkpoint)."""
@@ -78,7 +82,8 @@ def test_adapter_folder_reproduces_the_trained_model(trained, arm):
     loaded = task.load_adapted(cfg.out_dir)
     stored = ckpt.load_weights(Path(cfg.out_dir) / "adapter" / "model.safetensors")
     assert sorted(stored) == sorted(loaded.trained_state_dict()) and all(is_adapter_key(k) for k in stored)
-    assert any("fera_router" in k for k in stored) == (arm == "fera")
+    assert any("fera_router" in k for k in stored) == (arm in ("fera", "xlora"))
+    assert any("_spectrum" in k for k in stored) == (arm in ("fourierft", "waveft"))
     assert any("lora_magnitude_vector" in k for k in stored) == (arm == "dora")
     x, t = torch.randn(3, 3, 16, 16), torch.tensor([0.2, 0.5, 0.9])
     with torch.no_grad():
@@ -143,6 +148,8 @@ def test_evaluate_reports_levels_fd_and_routing(trained):
     for w in out["routing_by_level"].values():
         assert len(w) == 3 and abs(sum(w) - 1) < 1e-5
     assert "routing_by_level" not in task.evaluate(compose(overrides(root, "lora")))
+    xl = task.evaluate(compose(overrides(root, "xlora")))["routing_by_level"]  # X-LoRA's: from the hidden state
+    assert all(len(w) == 3 and abs(sum(w) - 1) < 1e-5 for w in xl.values())
 
 
 def test_fecl_only_for_fera_with_weight(tmp_path):
