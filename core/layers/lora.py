@@ -85,10 +85,12 @@ def _inject(module: nn.Module, config: Any, adapter_name: str) -> None:
 
 
 def inject_peft(module: nn.Module, config: Any, adapter_name: str = _DEFAULT) -> list[str]:
-    """Inject any peft tuner (``FourierFTConfig``, ``WaveFTConfig``, ...) into ``module`` in place, with
+    """Inject any peft tuner (``FourierFTConfig``, ``WaveFTConfig``, ...) into ``module`` in place.
+
     ``inject_lora``'s semantics: the wrapped linears are frozen, every other parameter keeps its ``requires_grad``.
     ``lora_state_dict`` / ``save_lora`` / ``load_lora`` then save and load it in peft's layout. Returns the
-    wrapped layers' names."""
+    wrapped layers' names.
+    """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     _inject(module, config, adapter_name)
