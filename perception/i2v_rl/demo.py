@@ -1,5 +1,6 @@
-"""Demo section of TAGRPO: the recorded reward curves of TAGRPO, DanceGRPO and the two ablations, and before /
-after videos of the base model and the shipped post-trained policy from the same unseen image and noise."""
+"""Demo section of TAGRPO: the recorded comparisons (TAGRPO, DanceGRPO and the two ablations; TAGRPO vs the MixGRPO
+peer with GRPO-Guard's ratio diagnostic) with their reward curves, and before / after videos of the base model and
+the shipped post-trained policy from the same unseen image and noise."""
 
 from __future__ import annotations
 
@@ -71,24 +72,61 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     )
 
 
+# the recorded comparisons (``embodied experiment tagrpo ... --ship`` / ``--record NAME``), in the page's order
+RECORDED = (("comparison", "TAGRPO vs DanceGRPO and the ablations"),
+            ("peers", "TAGRPO vs the MixGRPO peer (sliding SDE window), with GRPO-Guard's ratio diagnostic"))
+
+
 def _recorded(ctx: DemoContext) -> str:
-    """The recorded comparison (``python -m perception.i2v_rl.experiments``): table and reward curves."""
+    """Every recorded comparison shipped in ``assets/samples/tagrpo``: its table, GRPO-Guard's per-step ratio means
+    where recorded, and the reward curves."""
     from core.io import read_json
     from perception.i2v_rl.experiments import plot
 
-    summary = SAMPLES / "comparison.json"
-    if not summary.is_file():
+    found = [(name, title) for name, title in RECORDED if (SAMPLES / f"{name}.json").is_file()]
+    if not found:
         return "<p><em>No recorded comparison shipped (assets/samples/tagrpo/comparison.json).</em></p>"
-    data = read_json(summary)
-    pm = lambda s: f"{s['mean']:+.3f} ± {s['sd']:.3f}"  # noqa: E731
-    rows = [{"arm": r["arm"], "seeds": r["seeds"], "rollouts": int(r["rollouts"]), "base": f"{r['base']:.3f}",
-             "final": f"{r['final']['mean']:.3f}", "gain": pm(r["gain"]),
-             "mean gain over the curve": pm(r["mean_gain"]),
-             "drops": f"{r['drops']['mean']:.1f}"} for r in data["rows"]]
-    p = ctx.path("img", "tagrpo_curves.png")
-    plot(data["rows"], p)
-    return (f"<h3>TAGRPO vs DanceGRPO and the ablations (recorded: {html.escape(data.get('command', ''))})</h3>"
-            f"<p class='lead'>{html.escape(data.get('note', ''))}</p>"
-            + table(rows, ["arm", "seeds", "rollouts", "base", "final", "gain", "mean gain over the curve", "drops"])
-            + img_tag(ctx.rel(p), "held-out reward against iteration and against rollouts spent (mean ± sd over "
-                                  "seeds)", 760))
+    pm = lambda s: f"{s['mean']:+.4f} ± {s['sd']:.4f}"  # noqa: E731
+    body = ""
+    for name, title in found:
+        data = read_json(SAMPLES / f"{name}.json")
+        rows = [{"arm": r["arm"], "seeds": r["seeds"], "iterations": r.get("iterations", "-"),
+                 "rollouts": int(r["rollouts"]), "base": f"{r['base']:.4f}", "final": f"{r['final']['mean']:.4f}",
+                 "gain": pm(r["gain"]), "mean gain over the curve": pm(r["mean_gain"]),
+                 "drops": f"{r['drops']['mean']:.1f}",
+                 "flat from iteration": "no" if r.get("flattens_at") is None else r["flattens_at"],
+                 "train s / run": (f"{r['seconds']['iteration']['mean']:.0f}" if r.get("seconds") else "-"),
+                 "update s / run": (f"{r['seconds']['update']['mean']:.0f}" if r.get("seconds") else "-")}
+                for r in data["rows"]]
+        columns = ["arm", "seeds", "iterations", "rollouts", "base", "final", "gain", "mean gain over the curve",
+                   "drops"]
+        if any(r.get("seconds") for r in data["rows"]):
+            columns += ["flat from iteration", "train s / run", "update s / run"]
+        p = ctx.path("img", f"tagrpo_{name}_curves.png")
+        plot(data["rows"], p)
+        body += (f"<h3>{html.escape(title)} (recorded: {html.escape(data.get('command', ''))})</h3>"
+                 f"<p class='lead'>{html.escape(data.get('note', ''))}</p>" + table(rows, columns))
+        body += _guard_table(data["rows"])
+        body += img_tag(ctx.rel(p), "held-out reward against iteration and against rollouts spent (mean ± sd over "
+                                    "seeds)", 760)
+    return body
+
+
+def _guard_table(rows: list[dict]) -> str:
+    """GRPO-Guard's diagnostic of a recorded comparison: per arm and sampling step (0 = the noise end), the
+    importance-ratio mean minus 1 (x 1e-3) over the runs' last iterations; '0 (on-policy)' for a step trained
+    in an iteration's first update, '-' for a step not trained then."""
+    rows = [r for r in rows if r.get("guard")]
+    if not rows:
+        return ""
+    steps = sorted({int(i) for r in rows for i in r["guard"]})
+
+    def cell(r, i):
+        g = r["guard"].get(str(i))
+        if g is None:
+            return "-"
+        return "0 (on-policy)" if g["update"] == 0 else f"{1e3 * g['mean']:+.2f} ± {1e3 * g['sd']:.2f}"
+
+    out = [{"arm": r["arm"], **{f"step {i}": cell(r, i) for i in steps}} for r in rows]
+    return ("<p>GRPO-Guard's diagnostic: importance-ratio mean − 1 (×10⁻³) per sampling step (0 = noise end), "
+            "last iterations, mean ± sd over seeds</p>" + table(out, ["arm", *(f"step {i}" for i in steps)]))

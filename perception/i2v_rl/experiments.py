@@ -319,7 +319,25 @@ def run(a) -> int:
     print(table(rows))
     if a.ship:
         ship(a.out, rows, a.seeds[0], a.iterations, [*common, *a.extra])
+    if a.record:
+        record(a.record, rows, a.seeds, a.iterations, [*common, *a.extra])
     return ex.report(failures)
+
+
+def record(name: str, rows: list[dict[str, Any]], seeds, iterations: int, extra: list[str]) -> None:
+    """The table and curves (no checkpoint) as ``assets/samples/tagrpo/<name>.{json,png}``, which the demo shows
+    beside ``comparison.json``."""
+    from core.resources import asset
+
+    command = (f"embodied experiment tagrpo --seeds {' '.join(map(str, seeds))} --iterations {iterations} "
+               f"--arms {' '.join(r['arm'] for r in rows)} --record {name}")
+    note = ("Held-out reward (trajectory + 0.005 PSNR) of ODE samples on 24 unseen first frames, fixed noise. Same "
+            "base, images, reward, lr, iterations for every arm. mixgrpo: GRPO with the SDE only in a 2-step window "
+            "sliding from the noise end (ODE elsewhere), only the window trained. GRPO-Guard: the importance-ratio "
+            "mean minus 1 per sampling step over the last iterations.")
+    write_json(asset("samples", "tagrpo") / f"{name}.json",
+               {"command": command, "note": note, "extra": extra, "rows": rows})
+    plot(rows, asset("samples", "tagrpo") / f"{name}.png")
 
 
 def ship(out: Path, rows: list[dict[str, Any]], seed: int, iterations: int, extra: list[str]) -> None:
@@ -349,6 +367,9 @@ EXPERIMENT = ex.Experiment(
              ("--pilot", dict(action="store_true", help="only the pilot: within-group reward spread of the base, "
                                                         "same vs independent noise (-> <out>/pilot.json)")),
              ("--extra", dict(nargs="*", default=[], help="more overrides for every run (k=v)")),
+             ("--record", dict(default=None, metavar="NAME",
+                               help="write the table and curves to assets/samples/tagrpo/NAME.{json,png} (the demo "
+                                    "shows every recorded comparison there)")),
              ("--ship", dict(action="store_true",
                              help="copy tagrpo seed-0's policy to assets/checkpoints/tagrpo and the table + curves "
                                   "to assets/samples/tagrpo/comparison.json (what the demo shows)"))))

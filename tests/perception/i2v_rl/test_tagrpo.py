@@ -374,10 +374,13 @@ def test_the_runner_refuses_what_the_schedule_cannot_split(tmp_path):
 def test_algo_configs_compose_and_validate():
     for arm, (loss, noise) in {"tagrpo": ("contrastive", "same"), "dancegrpo": ("grpo", "independent"),
                                "tagrpo_indep": ("contrastive", "independent"),
-                               "dancegrpo_same": ("grpo", "same"), "tagrpo_reuse": ("contrastive", "same")}.items():
+                               "dancegrpo_same": ("grpo", "same"), "tagrpo_reuse": ("contrastive", "same"),
+                               "mixgrpo": ("grpo", "same")}.items():
         cfg = compose(["experiment=tagrpo", f"algo={arm}"])
         assert (cfg.algo.loss, cfg.algo.noise, cfg.algo.name) == (loss, noise, arm)
         assert cfg.out_dir.startswith(f"outputs/tagrpo/{arm}_s")
+    mix = compose(["experiment=tagrpo", "algo=mixgrpo"]).algo
+    assert (mix.sde_window, mix.window_shift_every, mix.window_stride, mix.bank_size) == (2, 10, 1, 0)
     with pytest.raises(ConfigError):
         compose(["experiment=tagrpo", "algo.no_such_key=1"])
     with pytest.raises(ConfigError, match="bank_size"):
@@ -1004,3 +1007,27 @@ def test_experiment_summary_reports_grpo_guard_flattening_and_seconds(tmp_path):
     rising = [{"iteration": i, "mean": float(i), "sd": 0.1} for i in range(0, 30, 5)]
     assert flattens_at(rising) is None and flattens_at(rising[:3]) is None
     assert flattens_at(rising + [{"iteration": i, "mean": 25.05, "sd": 0.1} for i in (30, 35, 40)]) == 25
+
+
+def test_demo_shows_every_recorded_comparison_with_the_guard_rows(tmp_path, monkeypatch):
+    """The demo's recorded part: the shipped comparison.json and a peers.json with the MixGRPO arm, its seconds and
+    GRPO-Guard's per-step ratio means, each as a table (and the guard table) with its curves."""
+    from core.demo import DemoContext
+    from core.io import write_json
+    from perception.i2v_rl import demo
+
+    stat = {"mean": 0.001, "sd": 0.0005}
+    row = {"arm": "mixgrpo", "seeds": 3, "iterations": 60, "rollouts": 960.0, "base": 0.0012, "final": stat,
+           "gain": stat, "mean_gain": stat, "drops": stat, "flattens_at": 40,
+           "curve": [{"iteration": 0, "rollouts": 0, "mean": 0.0012, "sd": 0.0}, {"iteration": 5, "rollouts": 80,
+                                                                                    "mean": 0.002, "sd": 0.001}],
+           "seconds": {"iteration": {"mean": 200.0, "sd": 5.0}, "update": {"mean": 50.0, "sd": 1.0}},
+           "guard": {"5": {"mean": 0.0, "sd": 0.0, "update": 0}, "6": {"mean": -0.0021, "sd": 0.0003, "update": 1}}}
+    old = {k: v for k, v in row.items() if k not in ("seconds", "guard", "flattens_at")} | {"arm": "tagrpo"}
+    write_json(tmp_path / "samples" / "comparison.json", {"command": "old", "rows": [old]})
+    write_json(tmp_path / "samples" / "peers.json", {"command": "new", "rows": [row, old]})
+    monkeypatch.setattr(demo, "SAMPLES", tmp_path / "samples")
+    html = demo._recorded(DemoContext(tmp_path / "page"))
+    assert html.count("<h3>") == 2 and "MixGRPO" in html and "mixgrpo" in html
+    assert "-2.10 ± 0.30" in html and "0 (on-policy)" in html and ">200<" in html and ">40<" in html
+    assert (tmp_path / "page" / "img" / "tagrpo_peers_curves.png").is_file()
