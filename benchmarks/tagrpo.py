@@ -16,6 +16,11 @@ noisy cores), best of N, CUDA synchronised:
 * ``iteration``: a whole ``GRPORunner.step`` (rollouts, decode, reward, update, bank) of TAGRPO reusing half of
   every group from the bank (``fresh_per_group = G / 2``) vs TAGRPO sampling every rollout:
   ``iteration_reuse_vs_fresh_time`` (the rollout cost the bank saves per update, lower is better).
+* ``mixgrpo``: a whole iteration and its update phase of the MixGRPO arm (``algo=mixgrpo``: the SDE only in a
+  2-step window, the ODE elsewhere, only the window trained) vs DanceGRPO's: ``update_mixgrpo_vs_dancegrpo_time``
+  (arithmetic floor 2 / 8 trained steps = 0.25) and ``iteration_mixgrpo_vs_dancegrpo_time`` (the rollouts still
+  pass every step, so the saving is the update's share of an iteration; MixGRPO reports about half of DanceGRPO's
+  training time at its scale). Plain figures.
 * With ``--experiment DIR`` (a ``python -m perception.i2v_rl.experiments`` output with ``tagrpo`` and
   ``tagrpo_reuse`` runs), also ``rollouts_to_reward_reuse_vs_fresh``: rollouts each arm spent until its held-out
   reward (seed mean) first reached the lower of the two arms' best rewards — the rollout cost the bank saves at
@@ -55,7 +60,8 @@ GOALS = {
         "anchor: the contrastive terms cost one (K, D) x (D, J) product; the README's Measured table "
         "(1.05)")),
 }
-FIGURES_ONLY = ("iteration_reuse_vs_fresh_time", "rollouts_to_reward_reuse_vs_fresh")
+FIGURES_ONLY = ("iteration_reuse_vs_fresh_time", "rollouts_to_reward_reuse_vs_fresh",
+                "update_mixgrpo_vs_dancegrpo_time", "iteration_mixgrpo_vs_dancegrpo_time")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -92,7 +98,9 @@ def runner(arm: str, images: int, device: str, out: Path):
 
     algo = {"dancegrpo": AlgoConfig(name=arm, loss="grpo", noise="independent", bank_size=0),
             "tagrpo": AlgoConfig(name=arm),
-            "tagrpo_reuse": AlgoConfig(name=arm, fresh_per_group=G // 2)}[arm]
+            "tagrpo_reuse": AlgoConfig(name=arm, fresh_per_group=G // 2),
+            "mixgrpo": AlgoConfig(name=arm, loss="grpo", noise="same", bank_size=0, sde_window=2,
+                                  window_shift_every=10)}[arm]
     policy = I2VPolicy(TAGRPOModelConfig(base_path=str(asset("checkpoints", "flexforcing")))).to(device)
     pool = scripted(images, policy.video_frames, policy.frame_hw[0])
     tcfg = TrainerConfig(seed=0, device=device, tensorboard=False, grad_clip=1.0)
@@ -125,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     repeats = args.repeats or (2 if args.quick else 5)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        runners = {a: runner(a, images, device, Path(tmp)) for a in ("dancegrpo", "tagrpo", "tagrpo_reuse")}
+        runners = {a: runner(a, images, device, Path(tmp)) for a in ("dancegrpo", "tagrpo", "tagrpo_reuse", "mixgrpo")}
         for r in runners.values():  # the bank holds a group of every image before reuse is timed
             r.step()
         pol = runners["tagrpo"].policy
@@ -148,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rollout_vs_ode_time": sampling["rollout"].best / sampling["ode"].best,
         "update_tagrpo_vs_dancegrpo_time": best["tagrpo"]["update_s"] / best["dancegrpo"]["update_s"],
         "iteration_reuse_vs_fresh_time": best["tagrpo_reuse"]["total"] / best["tagrpo"]["total"],
+        "update_mixgrpo_vs_dancegrpo_time": best["mixgrpo"]["update_s"] / best["dancegrpo"]["update_s"],
+        "iteration_mixgrpo_vs_dancegrpo_time": best["mixgrpo"]["total"] / best["dancegrpo"]["total"],
     }
     equal = rollouts_to_reward(args.experiment) if args.experiment else None
     if equal is not None:
@@ -161,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "sde_rollout_s": sampling["rollout"].best, "ode_sample_s": sampling["ode"].best,
         "iteration_s": best, "equal_reward": equal, "threads": torch.get_num_threads(),
         "wall_s": round(time.perf_counter() - t_start, 1),
-        "timing": "best of N; rollout / ode interleaved round-robin; iterations of the three arms round-robin",
+        "timing": "best of N; rollout / ode interleaved round-robin; iterations of the four arms round-robin",
     }
     dev_name = f"{device} ({torch.cuda.get_device_name()})" if device.startswith("cuda") else device
     config = {"images_per_iteration": images, "group_size": G, "repeats": repeats, "sample_steps": pol.steps,
