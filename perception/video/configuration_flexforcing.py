@@ -69,8 +69,10 @@ class FlexForcingConfig:
     ``objective``: ``diffusion`` (the flow-matching loss above: Flex-Forcing and the rigid baselines) or
     ``self_forcing`` (the Self-Forcing arm, ``perception.video.self_forcing``: AR self-rollout of each window
     scored by DMD against the frozen bidirectional teacher ``teacher_path``, a critic trained online, the student
-    starting from the checkpoint ``init_path``; the generator updated every ``sf_gen_every`` steps, DMD / critic
-    noise levels uniform in [``sf_t_min``, ``sf_t_max``]).
+    starting from ``init_path``; the generator updated every ``sf_gen_every`` steps, DMD / critic
+    noise levels uniform in [``sf_t_min``, ``sf_t_max``]; ``sf_rollout_frames`` above the window's new frames:
+    Self-Forcing++'s longer self-rollout, scored on a random window of it). ``init_path`` (any objective): a Flex-Forcing
+    checkpoint whose weights (VAE, transformer, latent statistics) training starts from.
     """
 
     frame_size: Any = 32
@@ -118,6 +120,7 @@ class FlexForcingConfig:
     init_path: str | None = None
     teacher_path: str | None = None
     sf_gen_every: int = 1
+    sf_rollout_frames: int = 0
     sf_t_min: float = 0.02
     sf_t_max: float = 0.98
 

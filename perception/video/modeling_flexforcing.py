@@ -123,10 +123,22 @@ class FlexForcingModel(PreTrainedModel):
         if stats is not None:  # a user's Wan VAE states its own normalisation
             self.latent_mean.copy_(stats[0])
             self.latent_std.copy_(stats[1])
-        if config.objective == "self_forcing":  # the Self-Forcing arm: starting weights, critic, frozen teacher
+        if config.init_path is not None:  # start from a checkpoint (VAE, transformer, latent statistics)
+            self._load_start(config.init_path)
+        if config.objective == "self_forcing":  # the Self-Forcing arm: its critic and frozen teacher
             from perception.video.self_forcing import attach
 
             attach(self, config)
+
+    def _load_start(self, path: str) -> None:
+        from core.resources import resolve_asset_path
+
+        init = FlexForcingModel.from_pretrained(resolve_asset_path(path), use_ema=False)
+        sd = {k: v for k, v in init.state_dict().items() if not k.startswith("critic.")}
+        missing, unexpected = self.load_state_dict(sd, strict=False)
+        if unexpected or missing:
+            raise ValueError(f"model.init_path {path}: not this model's architecture (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
 
     @classmethod
     def build_for_loading(cls, config: FlexForcingConfig) -> FlexForcingModel:

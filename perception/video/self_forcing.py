@@ -16,7 +16,8 @@ As in Self-Forcing's code:
   reaches the student only through each frame's exit step (tested), and the rollout's context is the student's
   own output (tested);
 - the critic starts from the teacher's weights and is updated every step, the generator every
-  ``sf_gen_every`` steps (Self-Forcing's ``dfake_gen_update_ratio``; 1 here by default, see the README for why).
+  ``sf_gen_every`` steps (Self-Forcing's ``dfake_gen_update_ratio``, 5 in its configs);
+- ``sf_rollout_frames`` > the window (Self-Forcing++): a longer self-rollout, DMD on a random window of it.
 
 Our miniature (deviations): the student samples with the model's own Euler grid (``sample_steps`` steps, the
 sampler every arm is scored with) instead of a distilled 4-step x0 sampler with re-noising; the student starts
@@ -45,12 +46,11 @@ __all__ = ["attach", "critic_loss", "dmd_loss", "rollout", "training_step"]
 
 
 def attach(model, config) -> None:
-    """Give a ``FlexForcingModel`` (objective ``self_forcing``) its starting weights, critic and teacher.
+    """Give a ``FlexForcingModel`` (objective ``self_forcing``; its ``init_path`` weights already loaded) its critic
+    and frozen teacher.
 
-    ``init_path``: a Flex-Forcing checkpoint whose weights (VAE, transformer, latent statistics) the student
-    starts from. ``teacher_path``: the frozen teacher (same transformer architecture), which also initialises the
-    critic. Both None (rebuilding a saved run): the critic's architecture only; its weights come from the
-    checkpoint.
+    ``teacher_path``: the frozen teacher (same transformer architecture), which also initialises the critic. None
+    (rebuilding a saved run): the critic's architecture only; its weights come from the checkpoint.
     """
     from perception.video.modeling_flexforcing import FlexForcingModel
 
@@ -59,13 +59,6 @@ def attach(model, config) -> None:
     model._sf_step = 0
     from core.resources import resolve_asset_path
 
-    if config.init_path is not None:  # the student's weights (VAE, transformer, latent statistics)
-        init = FlexForcingModel.from_pretrained(resolve_asset_path(config.init_path), use_ema=False)
-        sd = {k: v for k, v in init.state_dict().items() if not k.startswith("critic.")}
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        if unexpected or any(not k.startswith("critic.") for k in missing):
-            raise ValueError(f"init_path {config.init_path}: not this model's architecture (missing "
-                             f"{[k for k in missing if not k.startswith('critic.')][:3]}, unexpected {unexpected[:3]})")
     if config.teacher_path is not None:
         teacher = FlexForcingModel.from_pretrained(resolve_asset_path(config.teacher_path), use_ema=False).dit.eval().requires_grad_(False)
         try:
@@ -77,13 +70,14 @@ def attach(model, config) -> None:
 
 
 def rollout(model, context: torch.Tensor, num_new: int, exits: list[int], grid: torch.Tensor,
-            noise: torch.Tensor | None = None) -> torch.Tensor:
+            noise: torch.Tensor | None = None, grad_frames: range | None = None) -> torch.Tensor:
     """The student continues ``context`` (B, K, C, h, w) clean latents by ``num_new`` frames, one at a time.
 
     Frame ``i`` is denoised from ``noise[:, i]`` by Euler steps of ``grid`` against the KV cache until step
     ``exits[i]``, whose ``x0`` prediction (with gradient when enabled) is the frame; the frame is then cached clean
     (a t = 0 pass, no gradient) and the cache rolls to the newest ``num_frames - 1`` frames, as
-    ``pipeline_flexforcing`` does at inference. Returns (B, num_new, C, h, w).
+    ``pipeline_flexforcing`` does at inference. ``grad_frames``: the new frames (0-based) whose exit step keeps
+    the gradient (default all; the others run without). Returns (B, num_new, C, h, w).
     """
     from perception.video.pipeline_flexforcing import fill_cache
 
@@ -105,7 +99,8 @@ def rollout(model, context: torch.Tensor, num_new: int, exits: list[int], grid: 
                 t = grid[j].expand(b, 1)
                 x = euler_step(x, dit(x, t, f, None, caches=[cache]), t, grid[j + 1].expand(b, 1))
         t = grid[s].expand(b, 1)
-        x0 = x - grid[s] * dit(x, t, f, None, caches=[cache])  # (B, 1, C, h, w): the frame, with gradient
+        with torch.set_grad_enabled(torch.is_grad_enabled() and (grad_frames is None or i in grad_frames)):
+            x0 = x - grid[s] * dit(x, t, f, None, caches=[cache])  # (B, 1, C, h, w): the frame
         out.append(x0)
         with torch.no_grad():
             fill_cache(model, cache, x0.detach(), f)
@@ -166,7 +161,10 @@ def critic_loss(critic, x: torch.Tensor, context: torch.Tensor, t_min: float = 0
 def training_step(model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     """One Self-Forcing step on ``{"latents": (B, T, C, h, w)}``: roll out the window's last ``T - K`` frames from
     its first ``K = max_context`` (ground truth), DMD on them (every ``sf_gen_every`` steps), the critic's loss on
-    them (every step). The returned ``loss`` is their sum: the two terms reach disjoint parameters (the DMD target
+    them (every step). With ``sf_rollout_frames`` above ``T - K`` (Self-Forcing++'s long rollout) the student
+    rolls out that many frames with its rolling cache and DMD / the critic score a random window of ``T - K`` of
+    them after its ``K`` preceding frames (the student's own, once past the given ones); only that window's exit
+    steps carry gradient. The returned ``loss`` is their sum: the two terms reach disjoint parameters (the DMD target
     and the rollout's cache carry no gradient into the critic; the critic's loss sees detached frames)."""
     cfg = model.config
     teacher = model._sf_teacher
@@ -177,14 +175,20 @@ def training_step(model, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         teacher.to(z.device)
     b, t_len = z.shape[:2]
     k = max(1, cfg.max_context)
+    w = t_len - k  # frames DMD scores: the rest of a training window
+    n = max(w, cfg.sf_rollout_frames)
+    start = int(torch.randint(0, n - w + 1, ()))  # the scored window's first new frame (0 for plain Self-Forcing)
     grid = timestep_grid(cfg.sample_steps, cfg.sample_shift, device=z.device)
-    exits = torch.randint(0, cfg.sample_steps, (t_len - k,)).tolist()
+    exits = [cfg.sample_steps - 1] * n  # frames outside the window: the inference sampler, no gradient
+    exits[start:start + w] = torch.randint(0, cfg.sample_steps, (w,)).tolist()
     gen_update = model._sf_step % cfg.sf_gen_every == 0
     model._sf_step += 1
-    context = z[:, :k]
     with torch.set_grad_enabled(gen_update and torch.is_grad_enabled()):
-        x = rollout(model, context, t_len - k, exits, grid)
-    out: dict[str, torch.Tensor] = {"exit_step": torch.tensor(sum(exits) / len(exits))}
+        video = torch.cat([z[:, :k], rollout(model, z[:, :k], n, exits, grid, grad_frames=range(start, start + w))], 1)
+    context = video[:, start:start + k].detach()  # the window's K frames before it: given or the student's own
+    x = video[:, start + k:start + k + w]
+    out: dict[str, torch.Tensor] = {"exit_step": torch.tensor(sum(exits[start:start + w]) / w),
+                                    "window_start": torch.tensor(float(start))}
     loss = critic_loss(model.critic, x, context, cfg.sf_t_min, cfg.sf_t_max)
     out["critic"] = loss.detach()
     if gen_update:

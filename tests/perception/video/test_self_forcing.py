@@ -193,3 +193,35 @@ def test_vbench_temporal_flickering_is_vbenchs_formula():
     assert temporal_flickering(still).item() == 1.0
     with pytest.raises(ValueError, match="uint8"):
         temporal_flickering(still.float())
+
+
+def test_a_long_rollout_scores_one_window_of_the_students_own_frames(folders, monkeypatch):
+    """Self-Forcing++: 7 frames rolled out, DMD and the critic on a window of 3 after 2 of the student's frames;
+    only the window's exit steps carry gradient."""
+    m = student(folders, sf_rollout_frames=7)
+    z = clip()
+    seen = {}
+    real_rollout, real_critic = sf.rollout, sf.critic_loss
+
+    def spy_rollout(*a, **kw):
+        seen["grad_frames"] = kw["grad_frames"]
+        seen["video"] = real_rollout(*a, **kw)
+        return seen["video"]
+
+    def spy_critic(critic, x, context, *a):
+        seen["x"], seen["context"] = x, context
+        return real_critic(critic, x, context, *a)
+
+    monkeypatch.setattr(sf, "rollout", spy_rollout)
+    monkeypatch.setattr(sf, "critic_loss", spy_critic)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        out = m.training_step({"latents": z})
+        s = int(out["window_start"])
+        assert seen["grad_frames"] == range(s, s + 3) and 0 <= s <= 4
+        full = torch.cat([z[:, :2], seen["video"]], 1)
+        assert torch.equal(seen["x"], full[:, s + 2:s + 5]) and torch.equal(seen["context"], full[:, s:s + 2])
+        params = [p for p in m.dit.parameters() if p.requires_grad]
+        for j in range(7):
+            g = torch.autograd.grad(seen["video"][:, j].sum(), params, allow_unused=True, retain_graph=True)
+            assert any(x is not None and x.abs().sum() > 0 for x in g) == (s <= j < s + 3), (s, j)
