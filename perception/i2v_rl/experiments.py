@@ -47,7 +47,8 @@ def guard(ratio_steps: list[dict[str, Any]], last: int = GUARD_LAST) -> dict[str
 
     ``steps``: sampling step -> the mean over those iterations of the step's importance-ratio mean minus 1
     (``ratio_m1``), of its sd over the update's samples (``sd``), and the update it was trained in (``update``: 0
-    is on-policy, where the ratio is exactly 1); ``off_policy``: the same averaged over the steps trained after an
+    is on-policy, where the ratio is exactly 1; a step trained in both is averaged over its off-policy entries);
+    ``off_policy``: the same averaged over the steps trained after an
     optimizer step (update >= 1); ``seconds``: the run's summed iteration, rollout, evaluation and update seconds.
     """
     if not ratio_steps:
@@ -58,6 +59,8 @@ def guard(ratio_steps: list[dict[str, Any]], last: int = GUARD_LAST) -> dict[str
         if r["iteration"] > top - last:
             for e in r["steps"]:
                 by_step.setdefault(e["step"], []).append(e)
+    # a step trained both on- and off-policy in those iterations (MixGRPO's window moving) counts off-policy only
+    by_step = {i: [e for e in es if e["update"] >= 1] or es for i, es in by_step.items()}
     steps = {i: {"ratio_m1": statistics.fmean(e["mean"] - 1 for e in es), "sd": statistics.fmean(e["sd"] for e in es),
                  "update": max(e["update"] for e in es)} for i, es in sorted(by_step.items())}
     off = [v for v in steps.values() if v["update"] >= 1]

@@ -996,6 +996,9 @@ def test_experiment_summary_reports_grpo_guard_flattening_and_seconds(tmp_path):
     assert g["steps"][0] == {"ratio_m1": 0.0, "sd": 0.0, "update": 0}
     assert g["steps"][1]["ratio_m1"] == pytest.approx(-0.002) and g["off_policy"] == pytest.approx(-0.002)
     assert g["seconds"] == {"iteration": 45.0, "rollout": 15.0, "eval": 7.5, "update": 22.5}
+    moving = [{"iteration": 0, "steps": [{"step": 3, "update": 1, "mean": 0.99, "sd": 0.0}]},
+              {"iteration": 1, "steps": [{"step": 3, "update": 0, "mean": 1.0, "sd": 0.0}]}]
+    assert guard(moving)["steps"][3] == {"ratio_m1": pytest.approx(-0.01), "sd": 0.0, "update": 1}
     (row,) = summarise(tmp_path)
     assert row["guard"]["1"]["mean"] == pytest.approx(-0.003) and row["guard"]["1"]["sd"] == pytest.approx(
         0.002 / 2**0.5)
