@@ -1034,3 +1034,30 @@ def test_demo_shows_every_recorded_comparison_with_the_guard_rows(tmp_path, monk
     assert html.count("<h3>") == 2 and "MixGRPO" in html and "mixgrpo" in html
     assert "-2.10 ± 0.30" in html and "0 (on-policy)" in html and ">200<" in html and ">40<" in html
     assert (tmp_path / "page" / "img" / "tagrpo_peers_curves.png").is_file()
+
+
+def test_the_per_element_ratio_drifts_below_one_by_the_mean_shift_over_sigma_squared():
+    """GRPO-Guard's drift, derived: for targets sampled under the old mean, y = mu_old + sigma z, and a new mean
+    mu_old + delta, the per-element log-ratio is z.delta / (sigma D) - mean(delta^2) / (2 sigma^2): its mean is
+    biased by -mean(delta^2) / (2 sigma^2) while its spread shrinks like 1 / sqrt(D), so the ratio mean sits below 1
+    by that much, most at the low-noise steps (small sigma). The full-dimensional density ratio is unbiased."""
+    from perception.i2v_rl.grpo import grpo_loss
+
+    g = torch.Generator().manual_seed(0)
+    k, d = 4096, 2048
+    old = torch.randn(k, d, generator=g, dtype=torch.float64)
+    delta = 0.002 * torch.randn(k, d, generator=g, dtype=torch.float64)
+    drift = {}
+    for sigma in (0.28, 0.04):  # the noise-end and the data-end step of the 8-step grid
+        y = old + sigma * torch.randn(k, d, generator=g, dtype=torch.float64)
+        _, st = grpo_loss(old + delta, old, y, sigma, torch.ones(k, dtype=torch.float64), clip=1.0)
+        bias = float((delta**2).mean() / (2 * sigma**2))
+        log_r = torch.log(st["ratio"])
+        assert float(log_r.mean()) == pytest.approx(-bias, rel=0.2)
+        assert float(st["ratio"].mean()) - 1 == pytest.approx(-bias, rel=0.2)
+        assert float(log_r.std()) == pytest.approx(float(delta.norm(dim=1).mean()) / (sigma * d), rel=0.1)
+        drift[sigma] = float(st["ratio"].mean()) - 1
+        if sigma == 0.28:
+            full = torch.exp(d * log_r)  # the unnormalised density ratio: unbiased
+            assert abs(float(full.mean()) - 1) < 6 * float(full.std()) / k**0.5
+    assert drift[0.04] < 20 * drift[0.28] < 0  # (0.28 / 0.04)^2 = 49 times the drift at the data end
