@@ -91,6 +91,7 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     body += video_tag(ctx.rel(mp4), "columns: ground truth | bidirectional | autoregressive | flex — one model, "
                                     f"{given} given frame(s), 4x the training length", 4 * size * SCALE)
     body += _recorded(ctx)
+    body += _peers(ctx)
     body += _real_video(ctx, model)
     return DemoSection(
         title="Flex-Forcing: one video diffusion transformer, three sampling regimes (perception/video)",
@@ -191,6 +192,23 @@ def _recorded(ctx: DemoContext) -> str:
     if plot:
         tags.append(img_tag(plot, "PSNR against ground truth by frame index (drift)", 480))
     return "".join(out) + "".join(tags)
+
+
+def _peers(ctx: DemoContext) -> str:
+    """The recorded comparison with the field's autoregressive reference (Self-Forcing) and sink frames
+    (``assets/samples/flexforcing/peers.json``; perception/video/RESULTS.md has how it was made)."""
+    import html
+
+    from core.io import read_json
+
+    path = SAMPLES / "peers.json"
+    if not path.is_file():
+        return ""
+    data = read_json(path)
+    cols = ["model / regime", "psnr", "fd", "tf_vbench", "psnr_4x", "psnr_8x", "fd_8x", "tf_vbench_8x"]
+    rows = [{"model / regime": name, **{k: r.get(k) for k in cols[1:]}} for name, r in data["rows"].items()]
+    return (f"<h3>Against Self-Forcing, and sink frames for long videos (recorded)</h3>"
+            f"<p class='lead'>{html.escape(data.get('note', ''))}</p>" + table(rows, cols))
 
 
 def _drift_plot(ctx: DemoContext, data: dict) -> str | None:

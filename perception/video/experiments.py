@@ -89,6 +89,44 @@ def summarise(results: dict[str, dict[int, dict[str, Any]]], method_arm: str = "
             "eval_frames": first["eval_frames"], "clips": first["clips"], "seeds": sorted(results[first_arm])}
 
 
+def peer_rows(evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Rows of the peers' comparison (``assets/samples/flexforcing/peers.json``, shown by the demo): for every
+    named ``eval.json`` (label -> its parsed content) and every regime in it (sink settings included), the
+    first-window metrics, the 4x / 8x windows and VBench's temporal_flickering; per-seed values are the eval's
+    own ``seeds`` (sampling seeds), the label names the training run."""
+    rows: dict[str, Any] = {}
+    for label, ev in evals.items():
+        for regime, r in ev["regimes"].items():
+            m = r["mean"]
+            base, _, sink = regime.partition("+")
+            if sink:
+                k = sink[len("sink"):].removesuffix("abs")
+                base += f", {k} sink{'s' if k != '1' else ''}" + (" (absolute positions)" if sink.endswith("abs")
+                                                                  else "")
+            name = f"{label} ({base})"
+            row = {k: m.get(k) for k in ("psnr", "ssim", "fd", "flicker", "tf_vbench", "fps")}
+            for h in ("4x", "8x"):
+                d = m["drift"].get(h, {})
+                row.update({f"{k}_{h}": d.get(k) for k in DRIFT})
+            row["tf_vbench_gt"] = m.get("tf_vbench_gt")
+            row["psnr_per_frame"] = m.get("psnr_per_frame")
+            rows[name] = row
+    return rows
+
+
+def paired_interval(a: list[float], b: list[float], n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over paired items (the same held-out clips) and its 95 % bootstrap interval (clips
+    resampled with replacement): ``(mean, low, high)``."""
+    import numpy as np
+
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.ndim != 1 or len(d) < 2:
+        raise ValueError(f"need two equal-length lists of >= 2 paired values, got {len(a)} and {len(b)}")
+    idx = np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))
+    means = d[idx].mean(1)
+    return float(d.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def ship_videos(runs: dict[str, dict[int, Path]], ship: Path, seed: int, n_clips: int = 3) -> list[str]:
     """Side-by-side mp4s (ground truth | model) of each arm's seed-``seed`` model on the first held-out clips."""
     import numpy as np

@@ -26,10 +26,15 @@ register_method(
         # the peer (perception/video/self_forcing.py): the shipped Flex-Forcing model post-trained by AR
         # self-rollout + DMD against a frozen bidirectional teacher (the same model run bidirectionally); a
         # post-training at a fine-tuning learning rate, scored in the AR regime it trains
-        "self_forcing": ["model.objective=self_forcing", "model.init_path=assets/checkpoints/flexforcing",
+        "self_forcing": ["model.objective=self_forcing", "model.sf_gen_every=5",
+                         "model.init_path=assets/checkpoints/flexforcing",
                          "model.teacher_path=assets/checkpoints/flexforcing", "trainer.optim.lr=5.0e-5",
                          "trainer.scheduler.warmup_steps=20", "data.regimes=[autoregressive]",
                          "out_dir=outputs/flex_sf"],
+        # its control: the same start, steps, batch and learning rate on Flex-Forcing's own loss
+        "continued": ["model.init_path=assets/checkpoints/flexforcing", "trainer.optim.lr=5.0e-5",
+                      "trainer.scheduler.warmup_steps=20", "data.regimes=[autoregressive]",
+                      "out_dir=outputs/flex_continued"],
     },
     infer=[InferSpec(
         "video", "perception.video.cli:infer",

@@ -227,6 +227,9 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
         "tf_vbench": float(temporal_flickering(torch.cat([video[:, :given], gen], 1)).mean()),
         "tf_vbench_gt": float(temporal_flickering(video).mean()),
         "psnr_per_frame": [round(float(x), 3) for x in per_frame],
+        # per clip (first window; the drift windows below): for paired intervals between models on the same clips
+        "psnr_per_clip": [round(float(x), 4) for x in psnr(as_f(q_gen).flatten(0, 1), as_f(q_gt).flatten(0, 1))
+                          .reshape(n, -1).mean(1)],
         "fps": n * (length - given) / max(secs, 1e-9),
         "fps_decoded": n * (length - given) / max(secs + dec_secs, 1e-9),
         "first_frame_s": float(sum(first) / len(first)),
@@ -239,6 +242,8 @@ def evaluate_regime(model, video: torch.Tensor, regime: str, context: int, seed:
         result["drift"][f"{m}x"] = {
             "frames": [a + given, e + given],
             "psnr": float(per_frame[a:e].mean()),
+            "psnr_per_clip": [round(float(x), 4) for x in psnr(as_f(gen[:, a:e]).flatten(0, 1),
+                                                               as_f(gt[:, a:e]).flatten(0, 1)).reshape(n, -1).mean(1)],
             "fd": _fd(gt[:, a:e], gen[:, a:e]),
             "tf_vbench": float(temporal_flickering(torch.cat([video[:, :given], gen], 1)[:, a + given - 1:e + given])
                                .mean()),
@@ -331,7 +336,13 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     res: dict[str, Any] = {k: float(sum(r[k] for r in runs) / len(runs)) for k in keys}
     res["psnr_per_frame"] = [round(sum(vals) / len(vals), 3) for vals in zip(*(r["psnr_per_frame"] for r in runs),
                                                                                strict=True)]
-    res["drift"] = {m: {k: (v if k == "frames" else float(sum(r["drift"][m][k] for r in runs) / len(runs)))
+    def avg(vals):  # numbers, or lists of numbers element by element
+        if isinstance(vals[0], list):
+            return [round(sum(c) / len(c), 4) for c in zip(*vals, strict=True)]
+        return float(sum(vals) / len(vals))
+
+    res["psnr_per_clip"] = avg([r["psnr_per_clip"] for r in runs])
+    res["drift"] = {m: {k: (v if k == "frames" else avg([r["drift"][m][k] for r in runs]))
                         for k, v in d.items()} for m, d in runs[0]["drift"].items()}
     if len(runs) > 1:
         res["std"] = {k: float(math.sqrt(sum((r[k] - res[k]) ** 2 for r in runs) / (len(runs) - 1))) for k in keys}

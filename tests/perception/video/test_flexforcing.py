@@ -330,6 +330,31 @@ def test_train_and_evaluate_end_to_end(trained):
     assert (root / "run" / "eval.json").is_file()
 
 
+def test_self_forcing_arm_trains_from_a_run_and_evaluates_with_sinks(trained):
+    """The Self-Forcing arm end to end on the tiny run (student and teacher: that run), then the evaluation with
+    and without a sink frame, with VBench's temporal_flickering beside the other metrics."""
+    from perception.video import task
+    from perception.video.experiments import peer_rows, row_name
+
+    root, base, _ = trained
+    run = root / "run"
+    sf = [*base, "model.objective=self_forcing", "model.sf_gen_every=2", f"model.init_path={run}",
+          f"model.teacher_path={run}", f"out_dir={root / 'sf'}", "data.regimes=[autoregressive]",
+          "data.sink_frames=[0,1]", "data.sink_ropes=[relative,absolute]"]
+    result = task.train(compose(sf))
+    assert result["step"] == 4 and not (root / "sf" / "vae").exists()  # VAE and statistics came with the start
+    out = task.evaluate(compose(sf))
+    assert set(out["regimes"]) == {"autoregressive", "autoregressive+sink1", "autoregressive+sink1abs"}
+    for r in out["regimes"].values():
+        m = r["mean"]
+        assert 0 < m["tf_vbench"] <= 1 and 0 < m["tf_vbench_gt"] <= 1 and "tf_vbench" in m["drift"]["2x"]
+    rows = peer_rows({"Self-Forcing": out})
+    assert list(rows) == ["Self-Forcing (autoregressive)", "Self-Forcing (autoregressive, 1 sink)",
+                          "Self-Forcing (autoregressive, 1 sink (absolute positions))"]
+    assert row_name("self_forcing", "autoregressive+sink2abs", False) == "Self-Forcing + 2 sinks (absolute positions)"
+    assert row_name("flexforcing", "flex", True) == "Flex-Forcing (flex)"
+
+
 def _infer_args(**kw):
     base = dict(out=None, mode="flex", frames=8, first_frame=None, seed=0, steps=None, checkpoint=None,
                 overwrite=False)

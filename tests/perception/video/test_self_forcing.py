@@ -225,3 +225,14 @@ def test_a_long_rollout_scores_one_window_of_the_students_own_frames(folders, mo
         for j in range(7):
             g = torch.autograd.grad(seen["video"][:, j].sum(), params, allow_unused=True, retain_graph=True)
             assert any(x is not None and x.abs().sum() > 0 for x in g) == (s <= j < s + 3), (s, j)
+
+
+def test_paired_interval_covers_a_known_shift_and_excludes_zero_only_when_it_should():
+    from perception.video.experiments import paired_interval
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(20, 2, 24)
+    mean, lo, hi = paired_interval((base + 0.5 + rng.normal(0, 0.1, 24)).tolist(), base.tolist())
+    assert lo < 0.5 < hi and lo > 0 and mean == pytest.approx(0.5, abs=0.1)
+    mean, lo, hi = paired_interval((base + rng.normal(0, 1, 24)).tolist(), base.tolist())
+    assert lo < 0 < hi
