@@ -160,7 +160,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("rollouts spent")
     for ax in axes:
-        ax.set_ylabel("held-out reward (PSNR dB)")
+        ax.set_ylabel("held-out reward (data.rewards)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
