@@ -26,6 +26,9 @@ LABELS = {"bidirectional_only": "bidirectional-only", "autoregressive_only": "AR
           "self_forcing": "Self-Forcing"}  # the baselines' rows
 METRICS = ("psnr", "ssim", "fd", "flicker", "tf_vbench", "fps", "first_frame_s")
 DRIFT = ("psnr", "fd", "tf_vbench")
+# arms that post-train the shipped checkpoint (Self-Forcing and its control): not part of this from-scratch grid;
+# run them with `embodied train flexforcing --arm NAME` (perception/video/RESULTS.md)
+POST_TRAINING = ("self_forcing", "continued")
 
 
 def row_name(arm: str, regime: str, method: bool) -> str:
@@ -60,7 +63,8 @@ def grid(out: Path, seeds: list[int], steps: int, extra: list[str], workers: int
     """The arm x seed grid on the shared VAE (``vae``, default ``<out>/vae``: see ``ensure_vae``), run ``workers``
     at a time."""
     vae = (vae or out / "vae").resolve()
-    return ex.Grid("flexforcing", out, ex.method_arms("flexforcing"), seeds,
+    arms = {k: v for k, v in ex.method_arms("flexforcing").items() if k not in POST_TRAINING}
+    return ex.Grid("flexforcing", out, arms, seeds,
                    [f"trainer.max_steps={steps}", "trainer.progress=false", f"model.vae_path={vae}", *extra],
                    threads=None if workers == 1 else 1)
 
