@@ -539,7 +539,8 @@ class GRPORunner:
 # ------------------------------------------------------------------------------------------------ tasks
 def _configs(cfg) -> tuple[AlgoConfig, TAGRPOModelConfig, TAGRPODataConfig, TrainerConfig]:
     if cfg.algo is None:
-        raise ConfigError("no algorithm: add algo=tagrpo | dancegrpo | tagrpo_indep | dancegrpo_same | tagrpo_reuse")
+        raise ConfigError("no algorithm: add algo=tagrpo | dancegrpo | tagrpo_indep | dancegrpo_same | tagrpo_reuse | "
+                          "mixgrpo")
     return to_object(cfg.algo), to_object(cfg.model), to_object(cfg.data), to_object(cfg.trainer)
 
 
