@@ -277,7 +277,8 @@ class Grid:
         Args:
             variants: result file -> the eval overrides that write it (``{"eval_jpeg75.json":
                 ["data.degrade='jpeg=75'"]}``); a cell whose file exists is not evaluated again.
-            workers: evaluations at a time.
+            workers: cells at a time (a cell's variants run one after another: an evaluation locks the run
+                folder).
 
         Returns:
             The failures (see :func:`run_jobs`); cells not done are left out.
@@ -286,15 +287,15 @@ class Grid:
         for c in self.cells():
             if not c.done():
                 continue
-            for result, over in variants.items():
-                def one(c=c, result=result, over=tuple(over)) -> bool:
-                    if (c.run_dir / result).is_file():
-                        return False
+
+            def one(c=c) -> bool:  # a cell's variants one after another: an evaluation locks its run folder
+                todo = [(r, o) for r, o in variants.items() if not (c.run_dir / r).is_file()]
+                for _, over in todo:
                     run_cli(["eval", c.method, *c.overrides, *c.eval_overrides, *over], c.log, c.threads)
-                    return True
-                name = f"{c.name} {Path(result).stem}"
-                jobs.append((name, one))
-                logs[name] = c.log
+                return bool(todo)
+            name = f"{c.name} ({', '.join(Path(r).stem for r in variants)})"
+            jobs.append((name, one))
+            logs[name] = c.log
         return run_jobs(jobs, workers, logs=logs)
 
     def collect(self) -> dict[str, dict[int, Any]]:

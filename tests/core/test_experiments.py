@@ -28,6 +28,8 @@ class FakeCLI:
         self.fail, self.delay = set(fail), delay
         self.active = self.peak = 0
         self.lock = threading.Lock()
+        self.busy: set[Path] = set()  # run folders with a command running (a real one locks its folder)
+        self.overlap = False
 
     def __call__(self, args, log, threads=1):
         over = dict(a.split("=", 1) for a in args[2:] if "=" in a)
@@ -36,6 +38,8 @@ class FakeCLI:
             self.calls.append(list(args))
             self.active += 1
             self.peak = max(self.peak, self.active)
+            self.overlap |= run in self.busy
+            self.busy.add(run)
         try:
             time.sleep(self.delay)
             Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +53,7 @@ class FakeCLI:
         finally:
             with self.lock:
                 self.active -= 1
+                self.busy.discard(run)
 
 
 @pytest.fixture
@@ -72,12 +77,15 @@ def test_grid_runs_every_cell_through_train_then_eval_and_skips_finished_cells(t
     assert grid.run() == [] and len(fake.calls) == 10
 
 
-def test_grid_evaluates_finished_cells_again_under_each_variant_once(tmp_path, fake):
+def test_grid_evaluates_finished_cells_again_under_each_variant_once(tmp_path, monkeypatch):
+    fake = FakeCLI(delay=0.02)
+    monkeypatch.setattr(ex, "run_cli", fake)
     grid = ex.Grid("toy", tmp_path, ARMS, [0, 1], ["trainer.max_steps=5"])
     assert grid.evaluate({"eval_a.json": ["variant=a"]}) == [] and fake.calls == []  # nothing trained yet
     assert grid.run(workers=1) == [] and len(fake.calls) == 8
     variants = {"eval_a.json": ["variant=a"], "eval_b.json": ["variant=b"]}
-    assert grid.evaluate(variants, workers=2) == []
+    assert grid.evaluate(variants, workers=4) == []
+    assert not fake.overlap and fake.peak > 1  # cells in parallel, never two commands in one run folder
     new = fake.calls[8:]
     assert len(new) == 8 and all(c[0] == "eval" for c in new)  # 4 cells x 2 variants, evaluation only
     assert all("trainer.max_steps=5" in c and c[-1] in ("variant=a", "variant=b") for c in new)

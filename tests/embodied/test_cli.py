@@ -109,7 +109,7 @@ def test_an_unknown_arm_is_one_line(capsys):
     assert main(["train", "fera", "--arm", "lorra", "--print-config"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert err == ("embodied: error: method 'fera' has no arm 'lorra' "
-                   "(arms: fera, fera_norouter, fera_nofecl, lora, dora)")
+                   "(arms: fera, fera_norouter, fera_nofecl, lora, dora, xlora, fourierft, waveft)")
     assert main(["eval", "bc", "--arm", "lora", "--print-config"]) == EXIT_BAD_INPUT
     assert "\n" not in capsys.readouterr().err.strip()
     assert main(["train", "fera", "arm=lora", "--print-config"]) == EXIT_BAD_INPUT  # naming is not choosing
