@@ -1,6 +1,7 @@
 """Demo section of FeRA: the shipped base (a UNet pretrained on simulator renders) and its FeRA / LoRA
 adapters (64 crops of real videos, same steps) sampling from the same noise, FeRA's routing against the noise
-level on held-out real crops, and the recorded comparison table."""
+level on held-out real crops, and the recorded comparison tables (the paper's baselines, then the newer peers:
+peft's FourierFT / WaveFT and X-LoRA's routing)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from core.demo import DemoContext, DemoSection, img_tag, table
 from core.resources import asset
 
 SHIPPED = asset("checkpoints", "fera")
+PEERS = asset("samples", "fera") / "peers.md"  # the peers comparison (embodied experiment fera --arms ...)
 SCALE = 3
 
 
@@ -71,6 +73,10 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     if comparison.is_file():
         body += "<h4>recorded comparison (embodied experiment fera; mean ± sd over seeds)</h4>"
         body += f"<pre>{comparison.read_text()}</pre>"
+    if PEERS.is_file():
+        body += ("<h4>recorded comparison with the newer peers (peft's FourierFT and WaveFT, X-LoRA's routing; "
+                 "DiT 32 px, equal trainable parameters; mean ± sd over seeds)</h4>")
+        body += f"<pre>{PEERS.read_text()}</pre>"
     return DemoSection(
         title="FeRA: frequency-energy routed adapters for diffusion fine-tuning (perception/adapters)",
         lead=f"A {model_cfg.kind} flow-matching model pretrained on simulator renders ({model_cfg.image_size} px), "
