@@ -1,5 +1,6 @@
 """Demo section of Deep-VRM: the shipped detector on shipped real and generated images (verdict, P(fake), the
-model's reason), and the recorded comparison with LoRA-only, full fine-tuning and the non-VLM baselines."""
+model's reason), and the recorded comparison with LoRA-only, full fine-tuning and the non-VLM baselines, clean and
+under JPEG / resize / blur degradation."""
 
 from __future__ import annotations
 
@@ -76,6 +77,17 @@ def _recorded() -> str:
         row["QA after (base)"] = f"{pm(r['qa'])} ({100 * r['qa_base']:.1f})" if "qa" in r else "n/a"
         rows.append(row)
     command = data.get("command", "embodied experiment deepvrm")
-    return (f"<h3>Recorded comparison ({html.escape(command)})</h3><p class='lead'>Accuracy / AP in % per generator family (mean ± sd over seeds), "
+    text = (f"<h3>Recorded comparison ({html.escape(command)})</h3><p class='lead'>Accuracy / AP in % per generator family (mean ± sd over seeds), "
             f"trained on {html.escape(str(data['trained_on']))}; the last column is the general-ability QA "
             "accuracy after forensic training, the base's in brackets.</p>" + table(rows))
+    rob = data.get("robustness") or {}
+    if rob:  # the same runs on degraded val images (embodied eval deepvrm --degrade LEVEL)
+        for key, what in (("mean", "mean over the families"), ("holdout", f"the held-out family ({hold})")):
+            rows = [{"arm": LABELS.get(arm, arm),
+                     **{lv: f"{pm(by[lv][f'{key}.acc'])} / {pm(by[lv][f'{key}.ap'])}" if lv in by else "-"
+                        for lv in rob["levels"]}} for arm, by in rob["rows"].items()]
+            text += (f"<h4>Under degradation: accuracy / AP of {what}, in % (mean ± sd over seeds)</h4><p class='lead'>"
+                     "The same detectors, trained on clean images, scored on the same val images re-encoded as JPEG "
+                     "(quality), rescaled (factor) or blurred (sigma in px) first: AIGIBench's protocol.</p>"
+                     + table(rows))
+    return text
