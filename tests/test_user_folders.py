@@ -182,6 +182,25 @@ def use_flexforcing(tmp: Path, option: str) -> None:
     assert_untouched(folder, use)
 
 
+def use_flexforcing_start(tmp: Path, option: str) -> None:
+    """``init_path`` / ``teacher_path``: a Flex-Forcing model folder of the user's (``save_pretrained``), read to
+    start from (any objective) or as the Self-Forcing arm's frozen teacher."""
+    from perception.video.modeling_flexforcing import FlexForcingModel, tiny_config
+
+    torch.manual_seed(0)
+    start = FlexForcingModel(tiny_config())
+    start.set_latent_stats(torch.rand(2, 3, 3, 16, 16))
+    folder = start.save_pretrained(tmp / "flex_start")
+    extra = {"objective": "self_forcing"} if option == "teacher_path" else {}
+
+    def use():
+        model = FlexForcingModel(tiny_config(**{option: str(folder)}, **extra))
+        model.save_pretrained(tmp / "out")
+        FlexForcingModel.from_pretrained(tmp / "out")
+
+    assert_untouched(folder, use)
+
+
 def use_lacwm(tmp: Path, conditioning: str) -> None:
     from worldmodels.lacwm.configuration_lacwm import EACWMConfig, LACWMConfig
     from worldmodels.lacwm.modeling_lacwm import PatchCodec, PretrainedFrameEncoder
@@ -239,6 +258,10 @@ FIXTURES = {
     ("flexforcing", "model.vae_path"): ("diffusers AutoencoderKLWan folder", lambda t: use_flexforcing(t, "vae_path")),
     ("flexforcing", "model.base_path"): ("diffusers Wan pipeline folder (transformer/ + vae/)",
                                          lambda t: use_flexforcing(t, "base_path")),
+    ("flexforcing", "model.init_path"): ("a Flex-Forcing model folder (save_pretrained) to start from",
+                                         lambda t: use_flexforcing_start(t, "init_path")),
+    ("flexforcing", "model.teacher_path"): ("a Flex-Forcing model folder (save_pretrained): Self-Forcing's teacher",
+                                            lambda t: use_flexforcing_start(t, "teacher_path")),
     ("lacwm", "model.encoder_path"): ("timm .safetensors file", lambda t: (use_lacwm(t, "latent"),
                                                                           use_lacwm(t / "e", "explicit"))),
     ("fera", "model.base_path"): ("diffusers UNet2DConditionModel folder", use_fera),
