@@ -62,14 +62,27 @@ def demo_section(ctx: DemoContext) -> DemoSection:
                                     "same noise (ODE sampler)", 3 * size * SCALE)
     body += _recorded(ctx)
     return DemoSection(
-        title="TAGRPO: GRPO post-training of an image-to-video model, against DanceGRPO (perception/i2v_rl)",
+        title="TAGRPO: GRPO post-training of an image-to-video model, against DanceGRPO and MixGRPO "
+              "(perception/i2v_rl)",
         lead=f"The shipped Flex-Forcing video model, post-trained as an image-to-video policy "
-             f"({html.escape(str(card.get('post_training', '')))}) with a reward from the simulator: the PSNR of "
-             f"its frames against the physically correct continuation of the first frame. {len(imgs)} unseen "
-             "simulator scenes, base vs post-trained, from the same initial noise.",
+             f"({html.escape(str(card.get('post_training', '')))}) with a reward from the simulator ("
+             f"{html.escape(_reward_words(card.get('metrics', {}).get('rewards', {'psnr': 1.0})))}) against the "
+             f"physically correct continuation of the first frame. {len(imgs)} unseen simulator scenes, base vs "
+             "post-trained, from the same initial noise.",
         body=body,
         figures={"reward_base": float(rows[0]["reward"]), "reward_tuned": float(rows[1]["reward"])},
     )
+
+
+WORDS = {"trajectory": "agreement of the moving object's tracked path", "psnr": "the frames' PSNR", "feature":
+         "EfficientNet feature distance", "smoothness": "temporal smoothness", "goal": "the last frame's PSNR to the goal"}
+
+
+def _reward_words(rewards: dict[str, float]) -> str:
+    """The shipped policy's reward in words, from its card: ``{'trajectory': 1.0, 'psnr': 0.005}`` ->
+    "the moving object's tracked path + 0.005 x the frames' PSNR"."""
+    terms = sorted(rewards.items(), key=lambda kv: -abs(kv[1]))
+    return " + ".join(("" if w == 1 else f"{w:g} x ") + WORDS.get(k, k) for k, w in terms)
 
 
 # the recorded comparisons (``embodied experiment tagrpo ... --ship`` / ``--record NAME``), in the page's order

@@ -1061,3 +1061,15 @@ def test_the_per_element_ratio_drifts_below_one_by_the_mean_shift_over_sigma_squ
             full = torch.exp(d * log_r)  # the unnormalised density ratio: unbiased
             assert abs(float(full.mean()) - 1) < 6 * float(full.std()) / k**0.5
     assert drift[0.04] < 20 * drift[0.28] < 0  # (0.28 / 0.04)^2 = 49 times the drift at the data end
+
+
+def test_demo_lead_names_the_shipped_reward():
+    """The demo's lead says the reward the shipped policy was trained on (its card), not a fixed one: the shipped
+    card's trajectory + 0.005 PSNR reads with the trajectory term first and PSNR's weight."""
+    from core.pretrained import read_card
+    from perception.i2v_rl.demo import POLICY, _reward_words
+
+    assert _reward_words({"psnr": 1.0}) == "the frames' PSNR"
+    words = _reward_words(read_card(POLICY)["metrics"]["rewards"])
+    assert words.startswith("agreement of the moving object's tracked path") and "0.005 x the frames' PSNR" in words
+    assert _reward_words({"mystery": 2.0}) == "2 x mystery"
