@@ -4,7 +4,9 @@ Observations: a ``gymnasium.spaces.Dict``. Keys used across families:
     ``image``    (H, W, 3) uint8 RGB, upright (row 0 at the top), the main camera.
     ``proprio``  (P,) float32 robot / ego state (documented per env in ``metadata``).
 Families add their own keys (``bev`` for driving, ``wrist_image`` ...); every key is written to
-HDF5 as ``obs/<key>`` by the recorder.
+HDF5 as ``obs/<key>`` by the recorder. An observation is a dict, or a read-only ``LazyObservation`` whose
+camera images are rendered when first read (``LiberoEnv(lazy_images=True)``, the LIBERO evaluation's env):
+a policy reads it within its ``act`` call, and only the keys it needs.
 
 ``env.metadata`` (per registered env) holds:
     ``embodiment``         str, e.g. "Panda", "Sawyer+InspireHand", "ego_car".
@@ -52,7 +54,7 @@ space in one line naming both shapes (``PolicySpec.check``). Policies that read 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -100,6 +102,52 @@ class BatchedPolicy(Protocol):
         Returns:
             (K, A) float32 actions in the env's action space, row ``i`` for env ``i``.
         """
+
+
+class LazyObservation(Mapping):
+    """A read-only observation whose ``lazy`` entries are computed on first read (then kept).
+
+    ``sim.libero.env.LiberoEnv(lazy_images=True)`` returns one: its camera images are rendered only if a policy
+    reads them. ``dict(obs)`` reads (renders) every entry; ``materialized`` says which lazy entries have been
+    read. A policy that re-plans every few steps should read the observation only when it re-plans.
+    """
+
+    def __init__(self, eager: Mapping[str, Any], lazy: Mapping[str, Callable[[], Any]],
+                 order: Sequence[str] | None = None):
+        self._values = dict(eager)
+        self._lazy = dict(lazy)
+        keys = [*self._lazy, *self._values]
+        self._keys = [k for k in order if k in keys] + [k for k in keys if k not in order] if order else keys
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._values:
+            make = self._lazy.get(key)
+            if make is None:
+                raise KeyError(key)
+            self._values[key] = make()
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._lazy or key in self._values
+
+    @property
+    def materialized(self) -> list[str]:
+        """The lazy entries read so far."""
+        return [k for k in self._lazy if k in self._values]
+
+    def __repr__(self) -> str:
+        return f"LazyObservation(keys={self._keys}, rendered={self.materialized})"
+
+def batch_of_one(obs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``{k: np.asarray(v)[None]}`` for a per-env observation, entry by entry as it is read (a lazy
+    observation's frames stay unrendered until a batched policy reads them)."""
+    return LazyObservation({}, {k: (lambda k=k: np.asarray(obs[k])[None]) for k in obs})
 
 
 def _shape_text(shape: Sequence[int | None]) -> str:

@@ -31,6 +31,16 @@ parallel to the world frame in every LIBERO scene): [0:3] translation of the end
 times 0.05 m; [3:6] axis-angle rotation of the goal, times 0.5 rad; [6] gripper, -1 open / +1 close.
 Control at 20 Hz (25 MuJoCo substeps of 2 ms).
 
+Lazy images (``LiberoEnv(..., lazy_images=True)``): the observation is a read-only mapping
+(``LazyObservation``) whose camera images are rendered when first read, not at every step. A policy that
+reads images only when it re-plans (an action-chunking policy executing 4 of 8 actions, openpi's client
+with ``replan_steps``) then pays for a quarter of the frames. The frames are bit-identical to the eager
+ones: robosuite samples a camera at one MuJoCo substep of the step (its observable's sampling time) and
+renders the kinematics MuJoCo computed there; this env records the whole ``MjData`` at that substep (a
+0.02 ms copy) instead of rendering, and a read renders from that copy and puts the live state back
+exactly. An observation's images can be read until the next ``step`` / ``reset``; later reads raise
+RuntimeError (keep the arrays, not the observation, to hold frames).
+
 Reward is 1.0 on success, else 0.0. ``terminated`` is set on success (LIBERO's own BDDL goal
 predicates, ``_check_success``) and when physics diverges (``info["failure"]``); the step limit
 comes from the registration (``TimeLimit``). ``info["eef_delta"]`` is the end-effector pose change over
@@ -58,7 +68,7 @@ from gymnasium import spaces
 
 from core.data.image_convention import LIBERO_CONVENTION
 from core.errors import ConfigError
-from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, seeded_robosuite_reset
+from sim.api import INFO_EEF_DELTA, INFO_FAILURE, INFO_SUCCESS, LazyObservation, seeded_robosuite_reset
 from sim.libero._bootstrap import prepare_libero
 from sim.libero.suites import LiberoTask, get_task, load_init_states
 
@@ -128,6 +138,8 @@ class LiberoEnv(gym.Env):
         images: put camera images in the observation (the default). ``False`` gives ``proprio`` only
             and skips rendering at every step, about 10x faster on a CPU, for policies that read the sim
             state (the privileged expert, random); ``render()`` still renders a frame on demand.
+        lazy_images: render a camera image when the observation's entry is first read, not at every step
+            (see the module docstring); the same frames, bit for bit. ``raw_obs`` is lazy too.
         render_samples: MSAA samples of the offscreen frames. 0 (the default here) halves the cost of a
             frame on a CPU renderer; 4 is robosuite's and LIBERO's own. Record and evaluate with the same value.
         render_reflections: draw the mirror reflections of reflective surfaces (the table, the cabinets), as
@@ -150,6 +162,7 @@ class LiberoEnv(gym.Env):
         images: bool = True,
         render_samples: int = 0,
         render_reflections: bool = False,
+        lazy_images: bool = False,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ConfigError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -161,6 +174,7 @@ class LiberoEnv(gym.Env):
         self.use_wrist_image = bool(wrist_image) and self.images
         self.render_mode = render_mode
         self.render_reflections = bool(render_reflections)
+        self.lazy_images = bool(lazy_images) and self.images
         prepare_libero()
         self.init_states = load_init_states(self.task.init_states_path())
 
@@ -229,6 +243,11 @@ class LiberoEnv(gym.Env):
         self._raw_obs: dict[str, np.ndarray] | None = None
         self._obs: dict[str, np.ndarray] | None = None
         self.init_state_id: int | None = None
+        self._generation = 0  # counts resets and steps: a lazy observation reads its frames in its own
+        self._cameras = cameras
+        self._snapshots: dict[str, Any] = {}
+        if self.lazy_images:
+            self._install_snapshot_sensors()
 
     # -------------------------------------------------------------------------------- properties
 
@@ -277,6 +296,7 @@ class LiberoEnv(gym.Env):
             raise ConfigError(f"init_state_id must be in 0..{self.num_init_states - 1} or 'sampled', "
                               f"got {init_state_id!r}")
         self.init_state_id = None if sampled else int(init_state_id)
+        self._generation += 1
         self._reset_libero(int(self.np_random.integers(2**32 - 1)))
         if sampled:  # a fresh placement from LIBERO's samplers, the distribution the fixed states came from
             self._raw_obs = self._libero.regenerate_obs_from_state(self.sim.get_state().flatten())
@@ -298,6 +318,7 @@ class LiberoEnv(gym.Env):
         action = np.clip(action, self.action_space.low, self.action_space.high)
         raw0 = self._raw_obs
         warnings0 = self._bad_state_warnings()
+        self._generation += 1  # the previous observation's lazy frames are read from here on: gone
         failure = None
         try:
             raw, _, _, _ = self._libero.step(action)
@@ -370,12 +391,82 @@ class LiberoEnv(gym.Env):
     # -------------------------------------------------------------------------------- internals
 
     def _convert_obs(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.lazy_images:
+            return self._lazy_obs(raw)
         # IMAGE_CONVENTION: the raw OpenGL-order frame rotated 180 degrees, as openpi's LIBERO example does
         obs = {"image": np.ascontiguousarray(raw[f"{AGENT_CAMERA}_image"][::-1, ::-1])} if self.images else {}
         if self.use_wrist_image:
             obs["wrist_image"] = np.ascontiguousarray(raw[f"{WRIST_CAMERA}_image"][::-1, ::-1])
         obs["proprio"] = proprio_from_raw_obs(raw)
         return obs
+
+    # ------------------------------------------------------------------------------ lazy images
+
+    def _install_snapshot_sensors(self) -> None:
+        """Replace each camera observable's sensor by one that copies the ``MjData`` at the substep where
+        robosuite samples the camera (its own timing, untouched) and returns a blank frame of the same shape;
+        ``_render_camera`` renders from that copy. Idempotent (robosuite may rebuild observables)."""
+        import mujoco
+
+        model = self.sim.model._model
+        observables = self._rs._observables
+        for cam in self._cameras:
+            obs = observables[f"{cam}_image"]
+            if getattr(obs._sensor, "_embodied_snapshot", False):
+                continue
+            original = obs._sensor
+            blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
+            snap = self._snapshots.setdefault(cam, {"data": mujoco.MjData(model), "generation": -1})
+            snap["render"] = original
+
+            def sensor(obs_cache, _snap=snap, _blank=blank):
+                mujoco.mj_copyData(_snap["data"], self.sim.model._model, self.sim.data._data)
+                _snap["generation"] = self._generation
+                return _blank
+
+            sensor.__modality__ = original.__modality__
+            sensor._embodied_snapshot = True
+            obs._sensor = sensor  # not set_sensor(): that would call the sensor to probe its shape
+        if "scratch" not in self._snapshots:
+            self._snapshots["scratch"] = mujoco.MjData(model)
+
+    def _render_camera(self, cam: str, generation: int) -> np.ndarray:
+        """The raw (OpenGL-order) frame robosuite's sensor would have rendered for camera ``cam`` at the
+        observation of ``generation``: the live ``MjData`` is set aside, the sampled copy put in its place,
+        the original sensor run (robosuite's render, its corrupter and filter), and the live data put back."""
+        import mujoco
+
+        if generation != self._generation:
+            raise RuntimeError(f"a lazy LIBERO observation's {cam} image was read after the env stepped on "
+                               f"({self._generation - generation} step(s) / reset(s) later); read it before the "
+                               "next step, or keep the array")
+        snap = self._snapshots[cam]
+        if snap["generation"] < 0:
+            raise RuntimeError(f"robosuite has not sampled camera {cam} since the env was built; call reset()")
+        # a step in which robosuite did not sample the camera keeps its last sample, as the eager observable does
+        model, live, scratch = self.sim.model._model, self.sim.data._data, self._snapshots["scratch"]
+        obs = self._rs._observables[f"{cam}_image"]
+        self._gl_current()
+        mujoco.mj_copyData(scratch, model, live)
+        mujoco.mj_copyData(live, model, snap["data"])
+        try:
+            frame = np.array(obs._filter(obs._corrupter(snap["render"]({}))))
+        finally:
+            mujoco.mj_copyData(live, model, scratch)
+        return frame
+
+    def _lazy_obs(self, raw: dict[str, np.ndarray]) -> LazyObservation:
+        self._install_snapshot_sensors()
+        gen = self._generation
+        cams = {f"{cam}_image": cam for cam in self._cameras}
+        raw_lazy = LazyObservation({k: v for k, v in raw.items() if k not in cams},
+                                   {k: (lambda c=c: self._render_camera(c, gen)) for k, c in cams.items()})
+        self._raw_obs = raw_lazy
+        lazy = {"image": lambda: np.ascontiguousarray(raw_lazy[f"{AGENT_CAMERA}_image"][::-1, ::-1])}
+        if self.use_wrist_image:
+            lazy["wrist_image"] = lambda: np.ascontiguousarray(raw_lazy[f"{WRIST_CAMERA}_image"][::-1, ::-1])
+        return LazyObservation({"proprio": proprio_from_raw_obs(raw)}, lazy, order=["image", "wrist_image",
+                                                                                     "proprio"])
 
     def _gl_current(self) -> None:
         """Make this env's GL context the current one. robosuite renders into whichever context is current

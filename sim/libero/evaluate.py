@@ -119,6 +119,7 @@ class EnvSettings:
     images: bool
     image_size: int = DEFAULT_IMAGE_SIZE
     wrist_image: bool = True
+    lazy_images: bool = True  # render a frame when the policy reads it (``LiberoEnv(lazy_images=True)``)
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,17 @@ class _OneEnv:
         self.inner.reset(seed=seed, index=0)
 
     def act(self, obs: Mapping[str, Any], info: dict[str, Any]) -> np.ndarray:
-        batch = {k: np.asarray(v)[None] for k, v in obs.items()}
-        return np.asarray(self.inner.act_batch(batch, [info]))[0]
+        from sim.api import batch_of_one
+
+        return np.asarray(self.inner.act_batch(batch_of_one(obs), [info]))[0]  # entries batched as read
+
+
+def _read_only(obs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the policy is given: a lazy observation as it is (read-only; its frames render if read), else a
+    copy of the dict."""
+    from sim.api import LazyObservation
+
+    return obs if isinstance(obs, LazyObservation) else dict(obs)
 
 
 def _env_settings_for(spec: Any, current: EnvSettings) -> EnvSettings:
@@ -168,7 +178,8 @@ def _env_settings_for(spec: Any, current: EnvSettings) -> EnvSettings:
             size = int(shape[0])
             break
     images = "image" in keys or "wrist_image" in keys
-    return EnvSettings(images=images, image_size=size, wrist_image=images and "wrist_image" in keys)
+    return EnvSettings(images=images, image_size=size, wrist_image=images and "wrist_image" in keys,
+                       lazy_images=current.lazy_images)
 
 
 # ------------------------------------------------------------------------------------------- selection
@@ -266,7 +277,7 @@ class _TaskRunner:
         from sim.libero.env import LiberoEnv
 
         env = LiberoEnv(self.task.suite, self.task.index, image_size=es.image_size, wrist_image=es.wrist_image,
-                        render_mode="rgb_array", images=es.images)
+                        render_mode="rgb_array", images=es.images, lazy_images=es.lazy_images)
         try:
             policy = self.settings.factory(env)
         except BaseException as e:
@@ -418,7 +429,7 @@ class _TaskRunner:
                 failure = f"server: {one_line(e)}"
             except Exception as e:  # noqa: BLE001 - any policy error fails the episode, not the run
                 failure = f"policy: reset raised {one_line(e)}"
-        seen = self._perturber.observe if s.perturb else dict
+        seen = self._perturber.observe if s.perturb else _read_only
         while failure is None and not success and steps < limit:
             try:
                 action = self.policy.act(seen(obs), info)
@@ -1000,6 +1011,7 @@ def evaluate_libero(
     realtime: bool = False,
     policy_args: Mapping[str, Any] | None = None,
     perturb: str | Mapping[str, int] | None = None,
+    lazy_images: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on LIBERO suites with the protocol of the module docstring; returns the eval_info.
 
@@ -1028,6 +1040,9 @@ def evaluate_libero(
         perturb: LIBERO-Plus axes and levels (``"camera=2,light=1"``, ``sim.libero.perturb``): each episode's draw
             is seeded by its seed, recorded under ``perturbation`` in ``episodes.jsonl``, and redrawn when it
             leaves the task unsolvable.
+        lazy_images: Render a camera frame only when the policy reads it (``LiberoEnv(lazy_images=True)``: the
+            same frames and episodes, bit for bit); a chunking policy that re-plans every 4 steps renders a
+            quarter of them. False renders every step, as robosuite does (``benchmarks/libero_lazy_render.py``).
 
     Returns:
         The ``eval_info.json`` content: ``per_task``, ``per_group``, ``overall`` (``aggregate``), ``per_episode``
@@ -1053,7 +1068,7 @@ def evaluate_libero(
     resolved = resolve_policy(policy, policy_args, api_key_file=api_key_file, replan_steps=replan_steps,
                               realtime=realtime)
     factory, label, kind = resolved.factory, resolved.label, resolved.kind
-    env = EnvSettings(images=(kind != "state") if images is None else bool(images))
+    env = EnvSettings(images=(kind != "state") if images is None else bool(images), lazy_images=bool(lazy_images))
     signature = {"policy": label, "max_steps": max_steps, "settle_steps": settle_steps, "seed": seed,
                  "images": env.images}
     if policy_args:  # absent from older folders' signatures, which stay resumable
@@ -1066,7 +1081,8 @@ def evaluate_libero(
     config = {**signature, "step_limits": step_limits, "suites": list(step_limits),
               "task_ids": None if task_ids is None else [int(i) for i in task_ids],
               "episodes_per_task": episodes_per_task, "videos": videos, "workers": workers,
-              "noop_action": list(NOOP_ACTION), "protocol": "one episode per init state; settle steps not counted"}
+              "lazy_images": env.lazy_images and env.images, "noop_action": list(NOOP_ACTION),
+              "protocol": "one episode per init state; settle steps not counted"}
     from core.logging import third_party_quiet
 
     out = Path(out).absolute()

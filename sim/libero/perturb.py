@@ -222,9 +222,13 @@ class Perturber:
         env._obs = env._convert_obs(env._raw_obs)
 
     def observe(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        """The observation the policy sees: camera images with the episode's pixel noise, when it has some."""
+        """The observation the policy sees: camera images with the episode's pixel noise, when it has some.
+        Without noise a lazy observation (``sim.api.LazyObservation``) passes as it is; noise is drawn on every
+        step's images, so it renders them (the draws stay those of the recorded seed)."""
+        from sim.api import LazyObservation
+
         if self.noise is None:
-            return dict(obs)
+            return obs if isinstance(obs, LazyObservation) else dict(obs)
         sigma, rng = self.noise
         out = dict(obs)
         for key in ("image", "wrist_image"):

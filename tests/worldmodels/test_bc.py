@@ -198,3 +198,28 @@ def test_batched_policy_matches_single_env_calls_over_chunks():
     # forwards (n_action_steps=2): steps 0, 2 all 3 envs; env 1 re-plans at 3 and 5, envs 0 and 2 at 4
     assert forwards == [3, 3, 1, 2, 1]
     assert not np.allclose(got[0], got[1])  # the rows are distinct observations, not one broadcast
+
+
+def test_policy_reads_the_observation_only_to_replan():
+    """Between re-plans the policy pops its queue without reading ``obs``: a lazy observation (a LIBERO env
+    rendering on demand) has its frames rendered once per re-plan, through ``act`` and ``act_batch``."""
+    from sim.api import LazyObservation
+
+    model = BCPolicyModel(TINY).eval()
+    pol = BCPolicy(model)
+    pol.reset(0)
+    reads: list[str] = []
+
+    def observation() -> LazyObservation:
+        def entry(key, value):
+            return lambda: reads.append(key) or value
+        return LazyObservation({}, {"image": entry("image", np.zeros((16, 16, 3), np.uint8)),
+                                    "proprio": entry("proprio", np.zeros(5, np.float32))})
+
+    eager = BCPolicy(model)
+    eager.reset(0)
+    for step in range(6):
+        action = pol.act(observation(), {})
+        expected = eager.act({"image": np.zeros((16, 16, 3), np.uint8), "proprio": np.zeros(5, np.float32)}, {})
+        assert np.array_equal(action, expected)  # the same actions as from a plain dict
+        assert reads.count("image") == step // 2 + 1  # n_action_steps=2: read at steps 0, 2, 4 only

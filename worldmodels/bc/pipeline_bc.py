@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.api import batch_of_one
 from worldmodels.bc.modeling_bc import BCPolicyModel
 
 __all__ = ["BCPolicy"]
@@ -79,17 +80,21 @@ class BCPolicy:
         Returns:
             (K, A) float32: row ``i`` the next action of env ``i``'s chunk queue, refilled (one forward for
             every env whose queue ran empty) with the first ``n_action_steps`` actions of a new chunk.
+
+        ``obs`` is read only when some env re-plans (K is ``len(infos)`` when given), so an env that renders
+        its cameras on demand (``sim.libero.env.LiberoEnv(lazy_images=True)``) renders a frame per re-plan,
+        not per step.
         """
         c = self.model.config
-        if self.obs_adapter is not None:
-            obs = self.obs_adapter(obs)
-        images = np.asarray(obs[c.image_key])
-        need = [i for i in range(len(images)) if not self._queues.get(i)]
+        n = len(infos) if infos is not None else len(np.asarray(obs[c.image_key]))
+        need = [i for i in range(n) if not self._queues.get(i)]
         if need:
-            chunks = self._predict(obs, slice(None) if len(need) == len(images) else need)
+            if self.obs_adapter is not None:
+                obs = self.obs_adapter(obs)
+            chunks = self._predict(obs, slice(None) if len(need) == n else need)
             for row, i in enumerate(need):
                 self._queues[i] = deque(chunks[row, : c.n_action_steps])
-        actions = np.stack([self._queues[i].popleft() for i in range(len(images))]).astype(np.float32)
+        actions = np.stack([self._queues[i].popleft() for i in range(n)]).astype(np.float32)
         return self._clip(actions)
 
     @torch.no_grad()
@@ -173,5 +178,5 @@ class BCPolicy:
         return self.model(image, proprio, generator=self._generator, **extra).float().cpu().numpy()
 
     def act(self, obs: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
-        """(A,) float32 action for one env (env index 0 of ``act_batch``)."""
-        return self.act_batch({k: np.asarray(v)[None] for k, v in obs.items()}, [info])[0]
+        """(A,) float32 action for one env (env index 0 of ``act_batch``); ``obs`` is read only to re-plan."""
+        return self.act_batch(batch_of_one(obs), [info])[0]
