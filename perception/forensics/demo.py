@@ -83,11 +83,13 @@ def _recorded() -> str:
     rob = data.get("robustness") or {}
     if rob:  # the same runs on degraded val images (embodied eval deepvrm --degrade LEVEL)
         for key, what in (("mean", "mean over the families"), ("holdout", f"the held-out family ({hold})")):
+            order = [a for a in LABELS if a in rob["rows"]] + [a for a in rob["rows"] if a not in LABELS]
             rows = [{"arm": LABELS.get(arm, arm),
                      **{lv: f"{pm(by[lv][f'{key}.acc'])} / {pm(by[lv][f'{key}.ap'])}" if lv in by else "-"
-                        for lv in rob["levels"]}} for arm, by in rob["rows"].items()]
+                        for lv in rob["levels"]}} for arm, by in ((a, rob["rows"][a]) for a in order)]
+            run = data.get("robustness_command", command)
             text += (f"<h4>Under degradation: accuracy / AP of {what}, in % (mean ± sd over seeds)</h4><p class='lead'>"
-                     "The same detectors, trained on clean images, scored on the same val images re-encoded as JPEG "
-                     "(quality), rescaled (factor) or blurred (sigma in px) first: AIGIBench's protocol.</p>"
-                     + table(rows))
+                     f"Every detector of {html.escape(run)}, trained on clean images, scored on the same val images "
+                     "re-encoded as JPEG (quality), rescaled (factor) or blurred (sigma in px) first: AIGIBench's "
+                     "protocol.</p>" + table(rows))
     return text
