@@ -144,6 +144,7 @@ class LazyObservation(Mapping):
     def __repr__(self) -> str:
         return f"LazyObservation(keys={self._keys}, rendered={self.materialized})"
 
+
 def batch_of_one(obs: Mapping[str, Any]) -> Mapping[str, Any]:
     """``{k: np.asarray(v)[None]}`` for a per-env observation, entry by entry as it is read (a lazy
     observation's frames stay unrendered until a batched policy reads them)."""
