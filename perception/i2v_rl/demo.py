@@ -74,13 +74,14 @@ def demo_section(ctx: DemoContext) -> DemoSection:
     )
 
 
-WORDS = {"trajectory": "agreement of the moving object's tracked path", "psnr": "the frames' PSNR", "feature":
-         "EfficientNet feature distance", "smoothness": "temporal smoothness", "goal": "the last frame's PSNR to the goal"}
+WORDS = {"trajectory": "agreement of the moving object's tracked path", "psnr": "the frames' PSNR",
+         "feature": "EfficientNet feature distance", "smoothness": "temporal smoothness",
+         "goal": "the last frame's PSNR to the goal"}
 
 
 def _reward_words(rewards: dict[str, float]) -> str:
     """The shipped policy's reward in words, from its card: ``{'trajectory': 1.0, 'psnr': 0.005}`` ->
-    "the moving object's tracked path + 0.005 x the frames' PSNR"."""
+    "agreement of the moving object's tracked path + 0.005 x the frames' PSNR"."""
     terms = sorted(rewards.items(), key=lambda kv: -abs(kv[1]))
     return " + ".join(("" if w == 1 else f"{w:g} x ") + WORDS.get(k, k) for k, w in terms)
 
