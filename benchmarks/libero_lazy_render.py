@@ -24,10 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-
-from benchmarks.common import Goal, parse_args, print_table, repeated_main, write_result  # noqa: E402
+from benchmarks.common import Goal, parse_args, print_table, repeated_main, write_result
 
 GOALS = {
     "lazy_vs_eager_episode_time": Goal("<= 0.6", (
@@ -53,7 +50,7 @@ def main() -> None:
     args = parse_args(__doc__)
     from core.bootstrap import prepare_process
 
-    prepare_process(learning_stack=True)
+    prepare_process(learning_stack=True)  # headless EGL and torch + triton before the first render context
     tasks, episodes, max_steps = ([0], 2, 60) if args.quick else ([0, 2], 3, None)
     with tempfile.TemporaryDirectory(prefix="libero_lazy_render_") as tmp:
         eager_s, eager_rows = timed_eval(False, f"{tmp}/eager", tasks, episodes, max_steps)

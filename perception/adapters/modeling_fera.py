@@ -196,8 +196,8 @@ class AdaptedDenoiser(PreTrainedModel):
             return {"adapter": how + f"; FeRA's {self.fera.num_experts} experts at 1/E each as one rank-"
                                      f"{self.fera.num_experts * self.fera.rank} LoRA"}
         return {"model.safetensors": "FeRA's routed experts (<layer>.lora_A (E*r, in), <layer>.lora_B (out, E*r)) "
-                                     "and router (fera_router.mlp.*, or X-LoRA routing's fera_router.classifier.*): no peft equivalent "
-                                     "(input-dependent routing); "
+                                     "and router (fera_router.mlp.*, or X-LoRA routing's fera_router.classifier.*): "
+                                     "no peft equivalent (input-dependent routing); "
                                      "under a frozen routing vector perception.adapters.fera.fera_to_peft writes "
                                      "a peft LoRA folder"}
 

@@ -121,8 +121,9 @@ def table(summary: dict[str, Any]) -> str:
         for key, what in (("mean", "mean over the families"), ("holdout", f"the held-out family ({hold})")):
             text += (f"\nUnder degradation (AIGIBench's protocol; trained on clean images): accuracy / AP of {what}, "
                      "in %, mean ± sd over seeds:\n\n")
-            rows = [[LABELS.get(arm, arm)] + [ex.Column("", (f"{key}.acc", f"{key}.ap"), 100, 1).cell(by.get(lv, {}), zero_sd=False)
-                                              for lv in levels] for arm, by in rob["rows"].items()]
+            cell = ex.Column("", (f"{key}.acc", f"{key}.ap"), 100, 1).cell
+            rows = [[LABELS.get(arm, arm)] + [cell(by.get(lv, {}), zero_sd=False) for lv in levels]
+                    for arm, by in rob["rows"].items()]
             text += ex.markdown_table(["arm", *levels], rows) + "\n"
     if "probe" in summary:
         p = summary["probe"]

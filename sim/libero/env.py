@@ -405,15 +405,14 @@ class LiberoEnv(gym.Env):
     def _install_snapshot_sensors(self) -> None:
         """Replace each camera observable's sensor by one that copies the ``MjData`` at the substep where
         robosuite samples the camera (its own timing, untouched) and returns a blank frame of the same shape;
-        ``_render_camera`` renders from that copy. Idempotent (robosuite may rebuild observables)."""
+        ``_render_camera`` renders from that copy. Done once, when the env is built: this env resets softly
+        (``hard_reset=False``), which keeps robosuite's observables and their sensors."""
         import mujoco
 
         model = self.sim.model._model
         observables = self._rs._observables
         for cam in self._cameras:
             obs = observables[f"{cam}_image"]
-            if getattr(obs._sensor, "_embodied_snapshot", False):
-                continue
             original = obs._sensor
             blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
             snap = self._snapshots.setdefault(cam, {"data": mujoco.MjData(model), "generation": -1})
@@ -427,8 +426,7 @@ class LiberoEnv(gym.Env):
             sensor.__modality__ = original.__modality__
             sensor._embodied_snapshot = True
             obs._sensor = sensor  # not set_sensor(): that would call the sensor to probe its shape
-        if "scratch" not in self._snapshots:
-            self._snapshots["scratch"] = mujoco.MjData(model)
+        self._snapshots["scratch"] = mujoco.MjData(model)
 
     def _render_camera(self, cam: str, generation: int) -> np.ndarray:
         """The raw (OpenGL-order) frame robosuite's sensor would have rendered for camera ``cam`` at the
@@ -446,6 +444,8 @@ class LiberoEnv(gym.Env):
         # a step in which robosuite did not sample the camera keeps its last sample, as the eager observable does
         model, live, scratch = self.sim.model._model, self.sim.data._data, self._snapshots["scratch"]
         obs = self._rs._observables[f"{cam}_image"]
+        if not getattr(obs._sensor, "_embodied_snapshot", False):  # a hard reset rebuilt it: the copy is stale
+            raise RuntimeError(f"robosuite replaced the {cam} camera's sensor; lazy images need the env's soft reset")
         self._gl_current()
         mujoco.mj_copyData(scratch, model, live)
         mujoco.mj_copyData(live, model, snap["data"])
@@ -456,7 +456,6 @@ class LiberoEnv(gym.Env):
         return frame
 
     def _lazy_obs(self, raw: dict[str, np.ndarray]) -> LazyObservation:
-        self._install_snapshot_sensors()
         gen = self._generation
         cams = {f"{cam}_image": cam for cam in self._cameras}
         raw_lazy = LazyObservation({k: v for k, v in raw.items() if k not in cams},
