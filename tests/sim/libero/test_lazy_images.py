@@ -60,6 +60,19 @@ def test_a_stale_read_is_refused(lazy):
         obs["wrist_image"]  # its sampled state is gone
 
 
+def test_a_replaced_sensor_is_refused(lazy):
+    obs, _ = lazy.reset(seed=0, options={"init_state_id": 0})
+    observable = lazy._rs._observables["agentview_image"]
+    ours = observable._sensor
+    observable._sensor = lambda cache: ours(cache)  # what a hard reset leaves: a sensor without the env's mark
+    try:
+        with pytest.raises(RuntimeError, match="replaced the agentview camera's sensor"):
+            obs["image"]  # the copy it would render from is stale: refused, not a wrong frame
+    finally:
+        observable._sensor = ours
+    assert obs["wrist_image"].std() > 5  # the other camera's sensor is the env's own: it renders
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lazy_frames_and_state_equal_the_eager_env(lazy):
