@@ -106,21 +106,22 @@ demo: setup
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15
 # The tests marked serial (a VLM-sized model each) run alone, after the parallel part (two at once do not fit
-# in this machine's memory); both parts always run, and the target fails if either did.
+# in this machine's memory), with every core's thread; both parts always run, and the target fails if either did.
+SERIAL_PYTEST := OMP_NUM_THREADS=$(TEST_WORKERS) $(PY) -m pytest -q --durations=15
 test: setup
 	@status=0; $(PYTEST) -n $(TEST_WORKERS) -m "not serial" --timeout=1800 || status=$$?; \
-	$(PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
+	$(SERIAL_PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
 
 test-fast: setup
 	$(PYTEST) -n $(TEST_WORKERS) -m "not slow" --timeout=900
 
 test-all: setup
 	@status=0; $(PYTEST) -n $(TEST_WORKERS) -m "not serial" --full-sweeps --timeout=1800 || status=$$?; \
-	$(PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
+	$(SERIAL_PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
 
 test-slow: setup
 	@status=0; $(PYTEST) -n $(TEST_WORKERS) -m "slow and not serial" --full-sweeps --timeout=1800 || status=$$?; \
-	$(PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
+	$(SERIAL_PYTEST) -m serial --timeout=1800 || status=$$?; exit $$status
 
 bench: setup
 	@set -e; for b in $$(ls benchmarks/*.py | xargs -n1 basename | sed 's/\.py$$//' | grep -vE '^(__init__|common|summary)$$'); do \

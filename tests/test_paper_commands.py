@@ -194,7 +194,9 @@ def write_genimage(root: Path, generators=("stable_diffusion_v_1_4", "midjourney
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    # the serial tests run alone and get every core (the Makefile's SERIAL_PYTEST); the others one thread each
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1",
+           "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     r = subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, env=env, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, f"`embodied {' '.join(args)}` exited {r.returncode}:\n{r.stderr[-3000:]}"
@@ -255,7 +257,7 @@ def test_deepvrm_paper_command_on_a_qwen2_5_vl_folder(outside, tmp_path):
 @pytest.mark.timeout(1500)
 def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
     """`embodied train automot experiment=automot_paper model.base_path=<Qwen3-VL folder>` (448 px frames, the
-    action expert at the VLM's depth and geometry, bf16) for 2 steps on tiny logs — the tokenizer splits the
+    action expert at the VLM's depth and geometry, bf16) for 1 step on tiny logs — the tokenizer splits the
     meta-actions, so the policy adds them to its own vocabulary — then `embodied drive eval` with the policy; the
     user's folder stays byte-identical."""
     from driving.automot.configuration_automot import META_ACTIONS, REASON_PROMPT, SYSTEM_PROMPT
@@ -268,7 +270,12 @@ def test_automot_paper_command_on_a_qwen3_vl_folder(outside, tmp_path):
     tiny_data = ["data.root=logs", "data.image_size=32", "data.episodes=1", "data.test_episodes=1",
                  "data.scenarios=[highway]", "data.horizon_s=2", "data.workers=1", "data.eval_episodes=0",
                  "model.refiner_steps=2", "model.refiner.hidden=32", "model.refiner.layers=1"]
-    run_cli([*argv[1:], *tiny_data, *FAST], outside)
+    # the paper-geometry expert (36 layers of width 1024, bf16, 448 px frames) on a CPU without AVX-512 bf16: two
+    # steps of two samples on one thread ran past 900 s; one step of one sample on 2 threads: 330 s (2026-12-07)
+    one_step = [a for a in FAST if a.split("=")[0] not in ("trainer.max_steps", "trainer.batch_size",
+                                                            "trainer.ckpt_every")]
+    one_step += ["trainer.max_steps=1", "trainer.batch_size=1", "trainer.ckpt_every=1"]
+    run_cli([*argv[1:], *tiny_data, *one_step], outside, timeout=1400)
     run = outside / "outputs/automot_paper/automot_s0"
     cfg = json.loads((run / "policy" / "config.json").read_text())
     assert cfg["model"]["image_size"] == 448 and cfg["model"]["mot"]["expert_hidden_size"] == 1024
