@@ -318,44 +318,18 @@ class _TaskRunner:
 
     def _perturbed_start(self, k: int, seed: int, record: dict[str, Any]) -> tuple[Any, dict[str, Any], bool]:
         """Reset to init state ``k`` under a drawn perturbation (``--perturb``) and run the settle steps; a draw
-        that leaves the task unsolvable or solved is drawn again (``sim.libero.perturb``). Returns the settled
+        that leaves the task unsolvable or solved is drawn again (``sim.libero.perturb.start``). Returns the settled
         observation, info, and whether the settle steps already ran; the draw goes into ``record``."""
         from sim.libero import perturb as P
 
-        env, s, pt = self.env, self.settings, self._perturber_of_env()
-        noop = np.asarray(NOOP_ACTION, dtype=np.float32)
-        physical = any(a in s.perturb for a in P.PHYSICAL)
-        reference, resting = None, 0.0
-        if physical:  # the objects' heights after an unperturbed settle: a perturbed one that ends far lower fell
-            pt.restore()
-            env.reset(seed=seed, options={"init_state_id": k})
-            resting = pt.penetration()  # LIBERO's own init states rest with some contacts a few mm deep
-            for _ in range(s.settle_steps):
-                env.step(noop)
-            reference = pt.heights()
-        rejected: list[str] = []
-        for attempt in range(P.MAX_REDRAWS + 1):
-            obs, info = env.reset(seed=seed, options={"init_state_id": k})
-            drawn = P.draw(s.perturb, seed, self.task.language, attempt)
-            pt.apply(drawn)
-            obs = env._obs
-            why = None
-            if physical and pt.penetration() > resting + P.PENETRATION_M:
-                why = f"bodies interpenetrate by {1000 * pt.penetration():.0f} mm"
-            for _ in range(s.settle_steps if why is None else 0):
-                obs, _, _, _, info = env.step(noop)
-            if why is None and physical and (reference - pt.heights()).max(initial=0.0) > P.FELL_M:
-                why = f"an object fell {100 * (reference - pt.heights()).max():.0f} cm"
-            if why is None and info.get(INFO_SUCCESS):
-                why = "the goal already holds"
-            if why is None:
-                record["perturbation"] = {**drawn, "rejected": rejected}
-                if pt.language is not None:
-                    record["language"] = pt.language
-                return obs, info, True
-            rejected.append(why)
-        raise P.UnsolvablePerturbation(f"--perturb {s.perturb}: {self.task.task_id} init {k}: {P.MAX_REDRAWS + 1} draws "
-                                       f"all left the task unsolvable ({rejected[-1]}); lower the levels")
+        pt = self._perturber_of_env()
+        obs, info, drawn = P.start(self.env, pt, self.settings.perturb, seed, {"init_state_id": k},
+                                   self.settings.settle_steps, np.asarray(NOOP_ACTION, dtype=np.float32),
+                                   f"{self.task.task_id} init {k}")
+        record["perturbation"] = drawn
+        if pt.language is not None:
+            record["language"] = pt.language
+        return obs, info, True
 
     def _perturber_of_env(self) -> Any:
         """The ``sim.libero.perturb.Perturber`` of this task's env, made on first use."""

@@ -125,6 +125,63 @@ def draw(levels: Mapping[str, int], seed: int, language: str, attempt: int = 0) 
 
 #: Axes that move bodies: their draws are checked for a task made unsolvable (see the module docstring).
 PHYSICAL = ("robot_init", "layout")
+MODES = ("all", "one")
+
+
+def for_episode(levels: Mapping[str, int], seed: int, mode: str = "all") -> dict[str, int]:
+    """The axes one episode is perturbed along: all of ``levels`` (``mode="all"``, what ``libero eval`` does), or
+    one of them drawn from ``seed`` (``mode="one"``: ``libero record --perturb-mode one``, a training set that
+    covers every axis, each episode along one)."""
+    if mode not in MODES:
+        raise ConfigError(f"--perturb-mode: one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "all" or len(levels) <= 1:
+        return dict(levels)
+    axes = list(levels)
+    axis = axes[int(np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xA4E5]).integers(len(axes)))]
+    return {axis: levels[axis]}
+
+
+def start(env: Any, pt: Perturber, levels: Mapping[str, int], seed: int, options: Mapping[str, Any],
+          settle_steps: int, noop: np.ndarray, where: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Reset ``env`` (``options``: its init state) under a draw of ``levels`` and run ``settle_steps`` ``noop``
+    actions; a draw that leaves the task unsolvable or solved is drawn again (see the module docstring).
+
+    Returns the settled observation, info, and the draw with the reasons of the rejected ones (``rejected``).
+
+    Raises:
+        UnsolvablePerturbation: Every one of the ``MAX_REDRAWS + 1`` draws was rejected (``where`` names the
+            episode in its one line).
+    """
+    language = env.task.language
+    physical = any(a in levels for a in PHYSICAL)
+    reference, resting = None, 0.0
+    if physical:  # the objects' heights after an unperturbed settle: a perturbed one that ends far lower fell
+        pt.restore()
+        env.reset(seed=seed, options=dict(options))
+        resting = pt.penetration()  # LIBERO's own init states rest with some contacts a few mm deep
+        for _ in range(settle_steps):
+            env.step(noop)
+        reference = pt.heights()
+    rejected: list[str] = []
+    for attempt in range(MAX_REDRAWS + 1):
+        obs, info = env.reset(seed=seed, options=dict(options))
+        drawn = draw(levels, seed, language, attempt)
+        pt.apply(drawn)
+        obs = env._obs
+        why = None
+        if physical and pt.penetration() > resting + PENETRATION_M:
+            why = f"bodies interpenetrate by {1000 * pt.penetration():.0f} mm"
+        for _ in range(settle_steps if why is None else 0):
+            obs, _, _, _, info = env.step(noop)
+        if why is None and physical and (reference - pt.heights()).max(initial=0.0) > FELL_M:
+            why = f"an object fell {100 * (reference - pt.heights()).max():.0f} cm"
+        if why is None and info.get("success"):
+            why = "the goal already holds"
+        if why is None:
+            return obs, info, {**drawn, "rejected": rejected}
+        rejected.append(why)
+    raise UnsolvablePerturbation(f"--perturb {dict(levels)}: {where}: {MAX_REDRAWS + 1} draws all left the task "
+                                 f"unsolvable ({rejected[-1]}); lower the levels")
 
 
 def _unit(rng: np.random.Generator) -> np.ndarray:

@@ -29,6 +29,12 @@ observation *before* ``actions[t]``, consistent with ``states[t]``. LIBERO pairs
 observation after it. The settle steps are not recorded, which plays the role of LIBERO skipping its
 first 5 steps. ``rewards`` and ``dones`` are 1 on the last step only, as in LIBERO's files.
 
+With ``perturb`` (``--perturb camera=2,...``), attempt ``k`` is drawn a LIBERO-Plus perturbation from its seed,
+as ``libero eval --perturb`` draws an episode's (``sim.libero.perturb.start``, redraws included). The blind pass
+applies it, so the expert solves the perturbed scene (robot_init, layout); the replay applies the same draw, so the
+frames are what a policy would see (camera, light, texture, pixel noise). The demo's ``perturbation`` attribute
+holds the draw and ``language_instruction`` a reworded instruction.
+
 A task whose file exists with the same setting is skipped, so a killed recording resumes at its next
 task. Each file is written atomically.
 """
@@ -65,6 +71,7 @@ class RecordSetting:
     max_steps: int
     seed: int
     init_states: str | None = None  # fixed init states the attempts start from ("10-49"); None: sampled
+    perturb: str | None = None  # LIBERO-Plus axes the attempts are perturbed along ("camera=2,...; one"); None: clean
 
 
 def _id_text(ids: Sequence[int] | None) -> str | None:
@@ -90,13 +97,26 @@ def _start(init_state: int | None) -> dict[str, Any]:
     return {"init_state_id": "sampled" if init_state is None else int(init_state)}
 
 
-def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int,
-                  init_state: int | None = None) -> tuple[bool, list[np.ndarray], str]:
-    """One episode on a (fast) env from the sampled placement of ``seed`` (or fixed ``init_state``). Returns
-    ``(success, actions after the settle steps, reason)``; ``reason`` is "" on success."""
+def _settle(env, seed: int, settle_steps: int, init_state: int | None, perturbation: dict[str, Any] | None,
+            pt=None):
+    """Reset to the placement of ``seed`` (or ``init_state``), apply ``perturbation`` (a ``perturb.draw`` result,
+    with ``pt``, the env's ``Perturber``) and run the settle steps; ``(obs, info)``."""
     obs, info = env.reset(seed=seed, options=_start(init_state))
+    if perturbation is not None:
+        pt.apply(perturbation)
+        obs = env._obs
     for _ in range(settle_steps):
         obs, _, _, _, info = env.step(NOOP_ACTION)
+    return obs, info
+
+
+def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int,
+                  init_state: int | None = None, perturbation: dict[str, Any] | None = None,
+                  pt=None) -> tuple[bool, list[np.ndarray], str]:
+    """One episode on a (fast) env from the sampled placement of ``seed`` (or fixed ``init_state``), perturbed by
+    ``perturbation`` when given. Returns ``(success, actions after the settle steps, reason)``; ``reason`` is ""
+    on success."""
+    obs, info = _settle(env, seed, settle_steps, init_state, perturbation, pt)
     policy.reset(seed=seed)
     actions: list[np.ndarray] = []
     for _ in range(max_steps):
@@ -111,18 +131,18 @@ def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int,
 
 
 def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.ndarray],
-                        init_state: int | None = None):
-    """Replay ``actions`` from the sampled placement of ``seed`` (or ``init_state``) on a rendering env;
+                        init_state: int | None = None, perturbation: dict[str, Any] | None = None, pt=None):
+    """Replay ``actions`` from the sampled placement of ``seed`` (or ``init_state``) on a rendering env, under
+    ``perturbation`` when given (the frames are what a policy sees: its camera, light, colours and pixel noise);
     a ``LiberoDemo``."""
     from sim.libero.demos import LiberoDemo, libero_obs_from_env
 
-    obs, _ = env.reset(seed=seed, options=_start(init_state))
-    for _ in range(settle_steps):
-        obs, *_ = env.step(NOOP_ACTION)
+    obs, _ = _settle(env, seed, settle_steps, init_state, perturbation, pt)
+    seen = pt.observe if perturbation is not None else (lambda o: o)
     frames, states, robot = [], [], []
     success = False
     for action in actions:
-        frames.append(libero_obs_from_env(obs))
+        frames.append(libero_obs_from_env(seen(obs)))
         states.append(env.sim.get_state().flatten())
         raw = env.raw_obs
         robot.append(np.concatenate([raw["robot0_gripper_qpos"], raw["robot0_eef_pos"], raw["robot0_eef_quat"]]))
@@ -141,14 +161,28 @@ def replay_with_cameras(env, seed: int, settle_steps: int, actions: Sequence[np.
         dones=last.copy(),
         robot_states=np.stack(robot),
         attrs={"init_state": states[0], "model_file": env.sim.model.get_xml(), "seed": int(seed),
-               **({"init_state_id": int(init_state)} if init_state is not None else {})},
+               **({"init_state_id": int(init_state)} if init_state is not None else {}),
+               **_perturbation_attrs(perturbation, pt)},
     )
+
+
+def _perturbation_attrs(perturbation: dict[str, Any] | None, pt) -> dict[str, str]:
+    """A perturbed demo's attrs: its draw (JSON, replayable with ``perturb.Perturber.apply``) and, when the
+    instruction was reworded, the reworded one as the demo's ``language_instruction`` (what the loader gives a
+    language-conditioned policy for this demo instead of the file's)."""
+    if perturbation is None:
+        return {}
+    out = {"perturbation": json.dumps(perturbation)}
+    if pt.language is not None:
+        out["language_instruction"] = pt.language
+    return out
 
 
 def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = "expert",
                 policy_factory: Callable | None = None, image_size: int = 128, wrist_image: bool = True,
                 settle_steps: int = 10, max_steps: int | None = None, max_attempts: int | None = None,
-                seed: int = 0, init_states: Sequence[int] | None = None) -> dict[str, Any]:
+                seed: int = 0, init_states: Sequence[int] | None = None, perturb: str | None = None,
+                perturb_mode: str = "all") -> dict[str, Any]:
     """Record ``demos`` successful episodes of ``task`` into its demo file; a summary dict.
 
     Args:
@@ -159,6 +193,10 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
         init_states: start attempt ``k`` from fixed init state ``init_states[k % n]`` instead of a sampled
             placement (for a task whose sampled placements the expert cannot solve). An evaluation of a
             policy trained on these demos must then run other init states.
+        perturb: LIBERO-Plus axes and levels (``"camera=2,light=2"``, ``sim.libero.perturb``): attempt ``k`` is
+            perturbed along all of them (``perturb_mode="all"``) or along one drawn from its seed (``"one"``).
+            The expert acts from the perturbed state (robot_init, layout); the replay renders what a policy
+            would see. A draw that leaves the task unsolvable is drawn again, as in ``libero eval --perturb``.
     """
     from sim.libero.demos import write_libero_demo_file
     from sim.libero.env import LiberoEnv
@@ -166,8 +204,12 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
     max_steps = int(max_steps or MAX_EPISODE_STEPS[task.suite])
     max_attempts = int(max_attempts or 3 * demos)
     states = [int(k) for k in init_states] if init_states else None
+    from sim.libero import perturb as P
+
+    levels = P.parse_perturb(perturb)
+    P.for_episode(levels, 0, perturb_mode)  # an unknown mode: one line before anything runs
     setting = RecordSetting(policy, int(image_size), bool(wrist_image), int(settle_steps), max_steps, int(seed),
-                            _id_text(states))
+                            _id_text(states), perturb_text(levels, perturb_mode))
     path = demo_path(out, task)
     done = _recorded(path, setting, demos)
     if done is not None:
@@ -182,13 +224,23 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
     try:
         agent = factory(blind)
         cam = LiberoEnv(task.suite, task.index, image_size=image_size, wrist_image=wrist_image)
+        pts = (P.Perturber(blind), P.Perturber(cam)) if levels else (None, None)
         while len(episodes) < demos and attempts < max_attempts:
             s, k = seed + attempts, (states[attempts % len(states)] if states else None)
             attempts += 1
-            ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps, k)
+            drawn, reason = None, ""
+            if levels:
+                try:  # the draw on the blind env, with its redraws; the replay applies the kept one
+                    _, _, drawn = P.start(blind, pts[0], P.for_episode(levels, s, perturb_mode), s, _start(k),
+                                          settle_steps, NOOP_ACTION, f"{task.task_id} seed {s}")
+                except P.UnsolvablePerturbation:
+                    reason = "perturbation unsolvable"
+            ok = False
+            if not reason:
+                ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps, k, drawn, pts[0])
             if ok:
                 try:
-                    episodes.append(replay_with_cameras(cam, s, settle_steps, actions, k))
+                    episodes.append(replay_with_cameras(cam, s, settle_steps, actions, k, drawn, pts[1]))
                 except ReplayMismatch:
                     reason = "replay differs"
             if reason:
@@ -240,9 +292,18 @@ def _recorded(path: Path, setting: RecordSetting, demos: int) -> dict[str, Any] 
         return None
     if stored is None or n < demos:
         return None
-    if {"init_states": None, **json.loads(stored)} != asdict(setting):  # files from before init_states: sampled
+    if {"init_states": None, "perturb": None, **json.loads(stored)} != asdict(setting):  # older files: the defaults
         return None
     return {"path": str(path), "demos": n, "frames": frames}
+
+
+def perturb_text(levels: dict[str, int], mode: str) -> str | None:
+    """How a recording is perturbed, as stored in its files and its folder's signature: ``"camera=2,light=2"``,
+    with ``"; one axis an episode"`` for ``mode="one"``; None when clean."""
+    if not levels:
+        return None
+    text = ",".join(f"{a}={lv}" for a, lv in levels.items())
+    return text + ("; one axis an episode" if mode == "one" and len(levels) > 1 else "")
 
 
 def record_command(args: Any) -> int:
@@ -262,9 +323,16 @@ def record_command(args: Any) -> int:
         raise ConfigError(f"--init-states: expected init state ids like 10-49 or 3,7, got {args.init_states!r}") from None
     if states and (min(states) < 0 or max(states) >= 50):
         raise ConfigError(f"--init-states: LIBERO tasks have init states 0..49, got {args.init_states!r}")
+    from sim.libero import perturb as P
+
+    levels = P.parse_perturb(args.perturb)
+    if args.perturb_mode != "all" and not levels:
+        raise ConfigError("--perturb-mode: needs --perturb (the axes to choose from)")
+    perturbed = perturb_text(levels, args.perturb_mode)
     signature = {"policy": "expert", "image_size": args.image_size, "wrist_image": not args.no_wrist,
                  "settle_steps": args.settle_steps, "max_steps": args.max_steps, "seed": args.seed,
-                 **({"init_states": _id_text(states)} if states else {})}
+                 **({"init_states": _id_text(states)} if states else {}),
+                 **({"perturb": perturbed} if perturbed else {})}
     rows = []
     with claim_output(args.out, command=COMMAND, overwrite=args.overwrite, staged=False,
                       signature=signature) as folder:
@@ -272,7 +340,7 @@ def record_command(args: Any) -> int:
             rows.append(record_task(task, args.demos_per_task, folder, image_size=args.image_size,
                                     wrist_image=not args.no_wrist, settle_steps=args.settle_steps,
                                     max_steps=args.max_steps, max_attempts=args.max_attempts, seed=args.seed,
-                                    init_states=states))
+                                    init_states=states, perturb=args.perturb, perturb_mode=args.perturb_mode))
             write_json(folder / "record_summary.json", {"setting": signature, "tasks": rows})
     print(f"{'TASK':<18}{'DEMOS':>6}{'ATTEMPTS':>10}{'FRAMES':>8}  FAILURES")
     for r in rows:
@@ -303,6 +371,12 @@ def configure_record_parser(p: Any, positive_int: Callable[[str], int], non_nega
     p.add_argument("--init-states", default=None, dest="init_states", metavar="IDS",
                    help="start from these fixed init states (e.g. 10-49) instead of sampled placements; evaluate "
                         "a policy trained on them on the others (--episodes-per-task 10 runs states 0-9)")
+    p.add_argument("--perturb", default=None, metavar="AXIS=L,...",
+                   help="record under LIBERO-Plus perturbations, as `libero eval --perturb` draws them (axes: camera, "
+                        "robot_init, language, light, texture, noise, layout; levels 1-3); each demo keeps its draw")
+    p.add_argument("--perturb-mode", default="all", choices=("all", "one"), dest="perturb_mode",
+                   help="all: every demo perturbed along every --perturb axis; one: each along one of them, drawn "
+                        "from its seed (default: %(default)s)")
     p.add_argument("--out", required=True, type=Path,
                    help="dataset folder (<out>/<suite>/<task>_demo.hdf5; resumed when rerun with the same settings)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in a folder that holds another recording")

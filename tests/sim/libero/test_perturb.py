@@ -152,3 +152,65 @@ def test_a_reworded_instruction_reaches_an_in_process_policy(tmp_path):
     original = get_task("spatial", 0).language
     assert all(t != original and t in seen for t in told), (told, seen, original)
     assert seen[0] == original  # built once for the task as it is, then once per new wording
+
+
+def _record(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "embodied", "libero", "record", "--suite", "spatial", "--tasks", "0",
+           "--image-size", "32", "--no-wrist", *flags]
+    return subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_record_under_perturbations_keeps_each_demo_s_draw_frames_and_instruction(tmp_path):
+    """From outside the repository: ``libero record --perturb camera=2,language=2 --perturb-mode one`` writes
+    demos perturbed along one axis each; each demo's stored draw is the one its seed gives, its first frame is
+    the perturbed camera's view (not the clean one), a reworded instruction is what the loader gives a policy for
+    that demo, and a rerun with other perturbations is refused."""
+    from core.data.trajectories import TrajectoryDataset, TrajectoryFile
+    from sim.libero.env import LiberoEnv
+    from sim.libero.record import NOOP_ACTION
+    from sim.libero.suites import get_task
+
+    task = get_task("libero_spatial", 0)
+    flags = ["--demos-per-task", "2", "--perturb", "camera=2,language=2", "--perturb-mode", "one"]
+    r = _record(tmp_path, *flags, "--out", "demos")
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = tmp_path / "demos" / "libero_spatial" / f"{task.name}_demo.hdf5"
+    with TrajectoryFile(path) as f:
+        demos = {d: (f.attrs(d), f.episode(d)["obs/agentview_rgb"][0]) for d in f.episodes}
+    axes = {}
+    for name, (attrs, _) in demos.items():
+        drawn, seed = attrs["perturbation"], int(attrs["seed"])
+        assert list(drawn["levels"]) == list(P.for_episode({"camera": 2, "language": 2}, seed, "one"))
+        assert drawn["params"] == P.draw(drawn["levels"], seed, task.language, drawn["attempt"])["params"]
+        axes[next(iter(drawn["levels"]))] = name
+    assert set(axes) == {"camera", "language"}  # seeds 0 and 1 draw one axis each (P.for_episode)
+    worded = demos[axes["language"]][0]["language_instruction"]
+    assert worded == demos[axes["language"]][0]["perturbation"]["params"]["language"]["instruction"] != task.language
+    assert "language_instruction" not in demos[axes["camera"]][0]
+    ds = TrajectoryDataset([path], obs_keys=["agentview_rgb"])
+    said = {ep.name: ep.language_instruction for ep in ds.episodes}
+    assert said == {axes["language"]: worded, axes["camera"]: task.bddl_language}
+    attrs, first = demos[axes["camera"]]
+    env = LiberoEnv(task.suite, task.index, image_size=32, wrist_image=False)
+    try:
+        views = []
+        for perturbed in (False, True):  # the demo's placement, settled, without and with its camera draw
+            env.reset(seed=int(attrs["seed"]), options={"init_state_id": "sampled"})
+            pt = P.Perturber(env)
+            if perturbed:
+                pt.apply(attrs["perturbation"])
+            for _ in range(10):
+                obs, *_ = env.step(NOOP_ACTION)
+            views.append(obs["image"])
+            pt.restore()
+    finally:
+        env.close()
+    np.testing.assert_array_equal(first, views[1])
+    assert np.abs(first.astype(float) - views[0]).mean() > 5.0
+    r = _record(tmp_path, *flags[:3], "camera=1", *flags[4:], "--out", "demos")
+    assert r.returncode == 2 and "perturb" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = _record(tmp_path, "--perturb-mode", "one", "--out", "other")
+    assert r.returncode == 2 and "--perturb-mode" in r.stderr and not (tmp_path / "other").exists(), r.stderr
