@@ -38,6 +38,18 @@ def test_draws_are_reproducible_from_seed_and_attempt_and_sized_by_level():
     assert words != lang and "black bowl" in words and len(words) > len(lang)
 
 
+def test_one_axis_an_episode_is_seeded_and_covers_every_axis():
+    levels = {"camera": 2, "light": 1, "layout": 3}
+    assert P.for_episode(levels, 5) == levels  # "all": what libero eval applies
+    picks = [P.for_episode(levels, s, "one") for s in range(60)]
+    assert all(len(p) == 1 and p.items() <= levels.items() for p in picks)
+    assert picks == [P.for_episode(levels, s, "one") for s in range(60)]  # from the seed alone
+    counts = {a: sum(a in p for p in picks) for a in levels}
+    assert min(counts.values()) >= 10, counts  # every axis gets its share of a training set
+    with pytest.raises(ConfigError, match="--perturb-mode: one of all, one"):
+        P.for_episode(levels, 0, "each")
+
+
 @pytest.fixture(scope="module")
 def env():
     from sim.libero.env import LiberoEnv
