@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import ConfigError
+from sim.api import INFO_SUCCESS
 
 
 class UnsolvablePerturbation(ConfigError):
@@ -175,7 +176,7 @@ def start(env: Any, pt: Perturber, levels: Mapping[str, int], seed: int, options
             obs, _, _, _, info = env.step(noop)
         if why is None and physical and (reference - pt.heights()).max(initial=0.0) > FELL_M:
             why = f"an object fell {100 * (reference - pt.heights()).max():.0f} cm"
-        if why is None and info.get("success"):
+        if why is None and info.get(INFO_SUCCESS):
             why = "the goal already holds"
         if why is None:
             return obs, info, {**drawn, "rejected": rejected}

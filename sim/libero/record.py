@@ -111,12 +111,12 @@ def _settle(env, seed: int, settle_steps: int, init_state: int | None, perturbat
 
 
 def blind_attempt(env, policy, seed: int, settle_steps: int, max_steps: int,
-                  init_state: int | None = None, perturbation: dict[str, Any] | None = None,
-                  pt=None) -> tuple[bool, list[np.ndarray], str]:
-    """One episode on a (fast) env from the sampled placement of ``seed`` (or fixed ``init_state``), perturbed by
-    ``perturbation`` when given. Returns ``(success, actions after the settle steps, reason)``; ``reason`` is ""
-    on success."""
-    obs, info = _settle(env, seed, settle_steps, init_state, perturbation, pt)
+                  init_state: int | None = None, started: tuple[Any, dict[str, Any]] | None = None
+                  ) -> tuple[bool, list[np.ndarray], str]:
+    """One episode on a (fast) env from the sampled placement of ``seed`` (or fixed ``init_state``). ``started``:
+    the ``(obs, info)`` of an env already reset and settled (under a perturbation, by ``perturb.start``), so it is
+    not reset again. Returns ``(success, actions after the settle steps, reason)``; ``reason`` is "" on success."""
+    obs, info = started if started is not None else _settle(env, seed, settle_steps, init_state, None)
     policy.reset(seed=seed)
     actions: list[np.ndarray] = []
     for _ in range(max_steps):
@@ -228,16 +228,16 @@ def record_task(task: LiberoTask, demos: int, out: str | Path, *, policy: str = 
         while len(episodes) < demos and attempts < max_attempts:
             s, k = seed + attempts, (states[attempts % len(states)] if states else None)
             attempts += 1
-            drawn, reason = None, ""
+            drawn, started, reason = None, None, ""
             if levels:
-                try:  # the draw on the blind env, with its redraws; the replay applies the kept one
-                    _, _, drawn = P.start(blind, pts[0], P.for_episode(levels, s, perturb_mode), s, _start(k),
-                                          settle_steps, NOOP_ACTION, f"{task.task_id} seed {s}")
+                try:  # the draw on the blind env, with its redraws, settled; the replay applies the kept one
+                    *started, drawn = P.start(blind, pts[0], P.for_episode(levels, s, perturb_mode), s, _start(k),
+                                              settle_steps, NOOP_ACTION, f"{task.task_id} seed {s}")
                 except P.UnsolvablePerturbation:
                     reason = "perturbation unsolvable"
             ok = False
             if not reason:
-                ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps, k, drawn, pts[0])
+                ok, actions, reason = blind_attempt(blind, agent, s, settle_steps, max_steps, k, started)
             if ok:
                 try:
                     episodes.append(replay_with_cameras(cam, s, settle_steps, actions, k, drawn, pts[1]))
