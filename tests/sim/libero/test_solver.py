@@ -221,6 +221,87 @@ def test_bowl_under_the_opened_drawer_is_moved_out_of_its_way_first():
         moved_lo, moved_hi = lo[:2] + shift, hi[:2] + shift
         assert not (np.all(moved_lo < dhi[:2] + S.CLEAR_GAP) and np.all(moved_hi > dlo[:2] - S.CLEAR_GAP))
 
+def test_the_bowl_is_pushed_out_of_the_drawers_way_upright_and_in_few_steps():
+    """libero_goal 3's bowl is pushed, not carried: the stroke ends with ``clear`` holding, the bowl upright and on
+    the table, in far fewer steps than the ~90 a pick-and-place move takes (the task's 300 need them)."""
+    with _settled("libero_goal", 3) as env:
+        pred = ("clear", "akita_black_bowl_1", "wooden_cabinet_1_top_region")
+        assert not S.predicate_holds(env, pred)
+        skill = S.Push(env, pred)
+        assert skill.outcome is None  # the stroke and the hand's way down are free at init state 0
+        bowl = S._object_body(env, "akita_black_bowl_1")
+        z0 = float(env.sim.data.xpos[bowl][2])
+        steps = 0
+        while (action := skill.act()) is not None and steps < 150:
+            env.step(action)
+            steps += 1
+        assert skill.outcome == "done", skill.failures
+        assert S.predicate_holds(env, pred) and steps <= 70, steps
+        up = np.array(env.sim.data.xmat[bowl]).reshape(3, 3)[2, 2]
+        assert up > S.SLIDE_MAX_TILT and abs(float(env.sim.data.xpos[bowl][2]) - z0) < 0.005
+
+
+def test_a_push_that_is_refused_falls_back_to_carrying():
+    """``("clear", ...)`` maps to (Push, Relocate): a push refused ("blocked") is followed by a Relocate run."""
+
+    class Refused:
+        def __init__(self, env, predicate):
+            self.outcome = "blocked"
+
+        def act(self):
+            return None
+
+    with _settled("libero_goal", 3) as env:
+        solver = S.LiberoSolver(env)
+        solver.skills = {**solver.skills, "clear": (Refused, S.Relocate)}
+        solver.reset()
+        solver.act()
+        assert isinstance(solver._skill, S.Relocate)
+        assert solver.subgoals[0].failures == ["blocked"] and solver.subgoals[0].runs == 2
+
+
+def test_solver_opens_the_top_drawer_and_puts_the_bowl_inside_within_300_steps():
+    env = LiberoEnv("libero_goal", 3, images=False)
+    try:
+        stats = S.run_episode(env, 0)
+    finally:
+        env.close()
+    assert stats["success"] and stats["steps"] <= 300, stats
+    assert [s["predicate"].split()[0] for s in stats["subgoals"]] == ["clear", "open", "in"]
+
+
+def test_a_drawer_region_spot_keeps_clear_of_the_drawers_above_it():
+    """libero_10 3's bowl goes into the opened bottom drawer: the middle and top drawers' fronts and handles hang
+    over the region, so the spot moves the bowl's footprint off them, inside the region; a region of a fixture
+    with no slide joint (the stove's) has no overhang."""
+    import mujoco
+
+    with _settled("libero_10", 3) as env:
+        model, data = S.mj_model(env), env.sim.data
+        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "white_cabinet_1_bottom_region")
+        fixture = int(model.body_rootid[model.site_bodyid[site]])
+        bowl = S._object_body(env, "akita_black_bowl_1")
+        lo, hi = S.body_box(env, bowl)
+        foot = (hi[:2] - lo[:2]) / 2
+        center = np.array(data.site_xpos[site])
+        half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
+        over = S._overhang_boxes(env, site, fixture, center, half + foot)
+        assert over  # the drawers above reach over the opened bottom one
+
+        def hit(xy):
+            c = xy + (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[bowl][:2])
+            return sum(np.prod(np.clip(np.minimum(c + foot, b) - np.maximum(c - foot, a), 0, None)) for a, b in over)
+
+        spot = S.free_spot(env, site, bowl)
+        assert hit(center[:2]) > 0 and hit(center[:2] + spot) < hit(center[:2])  # the centre is under them
+        assert np.all(np.abs(spot) <= half + 1e-9)
+    with _settled("libero_10", 8) as env:
+        model = S.mj_model(env)
+        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "flat_stove_1_cook_region")
+        fixture = int(model.body_rootid[model.site_bodyid[site]])
+        assert S._overhang_boxes(env, site, fixture, np.array(env.sim.data.site_xpos[site]), np.full(2, 0.3)) == []
+
+
 def test_a_region_holding_another_object_gets_the_free_spot_in_it():
     """The centre of an empty region is the target as before; with the first moka pot standing on the stove's
     region, the second one's spot is inside the region and off the first pot's footprint."""
