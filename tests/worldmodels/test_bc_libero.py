@@ -218,7 +218,8 @@ def test_bc_without_a_checkpoint_on_a_libero_env_is_the_shipped_policy():
     env.observation_space = spaces.Dict({k: spaces.Box(0, 255, (64, 64, 3), np.uint8) for k in ("image", "wrist_image")}
                                         | {"proprio": env.observation_space["proprio"]})
     policy = task.make_policy(env)
-    assert policy.model.config.backbone == "efficientnet_lite0" and len(policy.model.config.task_texts) == 10
+    texts = policy.model.config.task_texts  # the 10 tasks' instructions, and the rewordings its demos were given
+    assert policy.model.config.backbone == "efficientnet_lite0" and len(texts) >= 10 and len(set(texts)) == len(texts)
     assert policy.text is not None
     with pytest.raises(ConfigError, match="trained checkpoint"):
         task.make_policy(type("Env", (), {"action_space": env.action_space, "metadata": {}})())
