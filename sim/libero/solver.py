@@ -8,7 +8,9 @@ before that ``close``), re-checking achieved sub-goals before it moves on:
 * ``on`` / ``in``: :class:`PickPlace` (this module) picks the object, carries it above the obstacles on
   its way, lowers it over the target (an object's body origin, or a region site's centre), releases it
   and retreats up; it checks the grasp by the finger gap and by the object rising with the hand and
-  re-plans (new grasp pose) when a grasp misses or slips, a bounded number of times;
+  re-plans (new grasp pose) when a grasp misses or slips, a bounded number of times; a cup going into a
+  region under a roof (a microwave) is held by its handle and slid in through the opening
+  (:class:`Insert`), a flat object onto a table region is dragged (:class:`Slide`);
 * ``open`` / ``close`` / ``turnon`` / ``turnoff``: the articulated skills of ``sim.libero.articulated``
   (``ARTICULATED_SKILLS``), when that module provides them; otherwise the sub-goal fails as
   ``"unsupported"``.
@@ -42,6 +44,7 @@ from core.errors import ConfigError
 from sim.libero.env import LiberoEnv
 from sim.libero.motion import (
     GRIPPER_MAX_GAP,
+    WRIST_LIMIT,
     bodies_in_contact,
     body_box,
     body_frame_box,
@@ -58,6 +61,8 @@ PLACE_PREDICATES = ("on", "in")
 ARTICULATED_PREDICATES = ("open", "close", "turnon", "turnoff")
 
 FIT_MARGIN = 0.012  # m: an object is taken across an axis only if it is this much narrower than the open gripper
+FIT_ASPECT = 1.5  # a held object is turned to fit its region only when its footprint is this much longer than wide
+FIT_SLACK = 0.005  # m: a footprint may overhang a region's box by this much and fit
 RIM_DEPTH = 0.018  # m: grip site below the rim's top for a rim grasp (pads on the wall's middle)
 WALL_THICKNESS = 0.008  # m: box geoms thinner than this near the top are walls to grasp
 TOP_DEPTH_MAX = 0.03  # m: grip site below the top for a top grasp (at most; half the height for flat objects)
@@ -144,7 +149,7 @@ class GraspPose:
 
     point: np.ndarray
     yaw: float
-    kind: str  # "top" (across the narrow axis) or "rim" (fingers straddling a wall)
+    kind: str  # "top" (across the narrow axis), "rim" (fingers straddling a wall) or "handle"
     width: float = 0.0  # m: extent between the fingers (top grasps)
 
 
@@ -309,6 +314,20 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
     return _rim_grasps(env, body, lo, hi, cur)
 
 
+def wrist_allows(env: LiberoEnv, *yaws: float) -> bool:
+    """Whether the down-pointing hand turns through the yaws (radians, in order, each the short way from the
+    last, as the controller does) with its last joint inside +-``WRIST_LIMIT``. Unlike :func:`reachable_yaw` the
+    hand's two ends are told apart, as they must be when what it holds sticks out to one side (a cup's handle)."""
+    q7 = float(env.sim.data.qpos[env._robot._ref_joint_pos_indexes[-1]])
+    yaw = gripper_yaw(env)
+    for target in yaws:
+        step = (target - yaw + np.pi) % (2 * np.pi) - np.pi
+        yaw, q7 = yaw + step, q7 - step
+        if abs(q7) > WRIST_LIMIT:
+            return False
+    return True
+
+
 def _rim_grasps(env: LiberoEnv, body: int, lo: np.ndarray, hi: np.ndarray, cur: float) -> list[GraspPose]:
     """Rim grasps: one candidate per thin wall piece near the top (box geoms under ``WALL_THICKNESS``,
     the fingers closing along its thin axis, centred on it); eight radial directions on the box's outline
@@ -372,6 +391,7 @@ class _Phase:
 
 SPOT_STEP = 0.01  # m: grid of candidate spots in a region
 SPOT_TALL = 0.02  # m: objects standing higher than this above a region's surface take room in it
+WALL_MAX = 0.015  # m: a region's fixture's parts at most this thick (horizontally) are walls a spot keeps off
 
 
 def _overhang_boxes(env: LiberoEnv, site: int, fixture: int, center: np.ndarray,
@@ -405,23 +425,55 @@ def _overhang_boxes(env: LiberoEnv, site: int, fixture: int, center: np.ndarray,
     return out
 
 
-def free_spot(env: LiberoEnv, site: int, body: int) -> np.ndarray:
+def _wall_boxes(env: LiberoEnv, site: int, fixture: int, center: np.ndarray,
+                reach: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The boxes (2-d) of the region's own fixture's thin walls (at most ``WALL_MAX`` thick) standing in or
+    around the region: rising ``SPOT_TALL`` above its floor, from below its centre. A caddy's partitions
+    (libero_90 75: a book aimed at the right compartment's centre came down on the partition beside it,
+    was let go 16 cm up and fell over)."""
+    model, data = mj_model(env), env.sim.data
+    rot = np.array(data.site_xmat[site]).reshape(3, 3)
+    floor = center[2] - abs(float((rot @ np.array(model.site_size[site]))[2]))
+    out = []
+    for g in range(model.ngeom):
+        b = int(model.geom_bodyid[g])
+        if not (model.geom_contype[g] or model.geom_conaffinity[g]) or not in_subtree(model, b, fixture):
+            continue
+        grot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        mid = np.array(data.geom_xpos[g]) + grot @ model.geom_aabb[g, :3]
+        h = np.abs(grot) @ model.geom_aabb[g, 3:]
+        lo, hi = mid - h, mid + h
+        near = np.all(lo[:2] < center[:2] + reach) and np.all(hi[:2] > center[:2] - reach)
+        if near and 2 * h[:2].min() <= WALL_MAX and hi[2] > floor + SPOT_TALL and lo[2] < center[2]:
+            out.append((lo[:2], hi[:2]))
+    return out
+
+
+def free_spot(env: LiberoEnv, site: int, body: int, turn: float = 0.0) -> np.ndarray:
     """Offset (2-d) from a region site's centre to put ``body``'s origin at: the centre unless other objects
     stand in the way there (libero_10's second moka pot, whose stove region holds the first), else the spot
     of a 1 cm grid inside the region (LIBERO's ``In`` / ``On`` of a region test the origin against the site's
     box) whose footprint overlaps other objects least, ties to the nearer spot. Inside a drawer, the fixture's
-    parts that hang over the region (:func:`_overhang_boxes`) are in the way too."""
+    parts that hang over the region (:func:`_overhang_boxes`) are in the way too; in any other region, the
+    fixture's thin walls around it (:func:`_wall_boxes`). ``turn``: the body as it will be, turned by that
+    much (radians) about its origin in the hand (:meth:`PickPlace._fit_turn`)."""
     model, data = mj_model(env), env.sim.data
     center = np.array(data.site_xpos[site])
     half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
     lo, hi = body_box(env, body)
     foot = (hi[:2] - lo[:2]) / 2
     offset = (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[body][:2])  # footprint centre relative to the origin
+    if turn:
+        mid, axes, ext = body_frame_box(env, body)
+        spin = np.array([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
+        foot = sum(ext[i] * np.abs(spin @ axes[:2, i]) for i in range(3))
+        offset = spin @ (mid[:2] - np.array(data.xpos[body][:2]))
     fixture = int(model.body_rootid[model.site_bodyid[site]])  # the region's own fixture (a stove's frame) is no obstacle
     boxes = [(blo[:2], bhi[:2]) for blo, bhi in _obstacle_boxes(env, (body, fixture))
              if bhi[2] > center[2] + SPOT_TALL and blo[2] < center[2] + 0.3
              and np.all(blo[:2] < center[:2] + half + foot) and np.all(bhi[:2] > center[:2] - half - foot)]
-    boxes += _overhang_boxes(env, site, fixture, center, half + foot)
+    over = _overhang_boxes(env, site, fixture, center, half + foot)
+    boxes += over if over else _wall_boxes(env, site, fixture, center, half + foot)
     if not boxes:
         return np.zeros(2)
     gx = np.arange(-half[0], half[0] + 1e-9, SPOT_STEP)
@@ -443,6 +495,8 @@ class PickPlace:
     Targets: another object (its body origin, as LIBERO's ``On`` compares origins within 3 cm) or a region
     site (its centre). The object is lowered until its bottom is ``RELEASE_HEIGHT`` above whatever lies
     under its footprint there (a plate, a basket's floor, a bowl's rim), or until it touches, then released.
+    An elongated object that does not fit an ``in`` region's box as held is turned in the hand until it does
+    (:meth:`_fit_turn`), and its spot chosen for the turned footprint.
     """
 
     def __init__(self, env: LiberoEnv, predicate: list[str] | tuple[str, ...], max_attempts: int = MAX_ATTEMPTS):
@@ -563,6 +617,38 @@ class PickPlace:
     def _arrived(self, goal: np.ndarray, tol: float) -> bool:
         return float(np.linalg.norm(self.env.eef_pose()[0] - goal)) < tol
 
+    def _fit_turn(self) -> float:
+        """The turn (radians, about z) of the held object that makes its footprint fit the target region's box
+        (LIBERO's ``in_box`` extents) when it does not fit as held: an upright book into a caddy's 5.7 cm
+        compartment. 0 for a target object, an ``on``, a footprint with sides within ``FIT_ASPECT`` of each
+        other (a bowl, a can: turning does not change what fits), or when no turn the wrist can make fits."""
+        if self._site is None or self.predicate[0] != "in":
+            return 0.0
+        env = self.env
+        _, axes, half = body_frame_box(env, self.body)
+        up = int(np.argmax(np.abs(axes[2])))
+        sides = [(float(half[i]), axes[:2, i] / max(np.linalg.norm(axes[:2, i]), 1e-9)) for i in range(3) if i != up]
+        if max(h for h, _ in sides) < FIT_ASPECT * min(h for h, _ in sides):
+            return 0.0
+        rot = np.array(env.sim.data.site_xmat[self._site]).reshape(3, 3)
+        room = np.abs(rot @ np.array(mj_model(env).site_size[self._site]))[:2] + FIT_SLACK
+
+        def fits(turn: float) -> bool:
+            c, s = np.cos(turn), np.sin(turn)
+            spin = np.array([[c, -s], [s, c]])
+            extent = sum(h * np.abs(spin @ d) for h, d in sides)
+            return bool(np.all(extent <= room))
+
+        if fits(0.0):
+            return 0.0
+        long = max(sides, key=lambda side: side[0])[1]
+        turns = [(float(np.arctan2(e[1], e[0]) - np.arctan2(long[1], long[0])) + k * np.pi / 2 + np.pi) % (2 * np.pi) - np.pi
+                 for e in ((1.0, 0.0),) for k in range(4)]
+        for turn in sorted((t for t in turns if fits(t)), key=abs):
+            if wrist_allows(env, gripper_yaw(env) + turn):
+                return turn
+        return 0.0
+
     def _yaw_ok(self, tol: float = 0.08) -> bool:
         rot = self.env.eef_pose()[1]
         err = np.linalg.norm(_rotvec(self.rot @ rot.T))
@@ -639,13 +725,19 @@ class PickPlace:
                 lo, _ = body_box(env, self.body)
                 self._hang = float(eef[2] - lo[2])
                 self._offset = eef[:2] - obj[:2]
-                self._rel = eef - obj
+                self._rel = env.eef_pose()[1].T @ (eef - obj)  # in the hand's frame: it may turn the object
+                turn = self._fit_turn()
+                if turn:
+                    c, s = np.cos(turn), np.sin(turn)
+                    self._offset = np.array([[c, -s], [s, c]]) @ self._offset
+                    self.rot = topdown_rotation(self.grasp.yaw + turn)
+                    self._spot = free_spot(env, self._site, self.body, turn)  # the footprint turned
                 self._goto("carry_up")
                 return None
             return step_toward(env, goal, self.rot, 1.0)
         # --- carrying: watch for a slip
         if ph.name in ("carry_up", "carry", "lower") and self._hang is not None:
-            if np.linalg.norm((eef - obj) - self._rel) > 0.03 or finger_gap(env) < CLOSED_GAP:
+            if np.linalg.norm(env.eef_pose()[1].T @ (eef - obj) - self._rel) > 0.03 or finger_gap(env) < CLOSED_GAP:
                 self._fail("slipped")
                 return None
         if ph.name == "carry_up":
@@ -960,9 +1052,289 @@ class Slide:
 
 def place_skill(env: LiberoEnv, predicate: list[str] | tuple[str, ...]) -> Skill:
     """The skill for an ``on`` / ``in`` sub-goal: :class:`Slide` for a flat object onto a table region,
-    :class:`PickPlace` otherwise."""
+    :class:`Insert` for a cup into a roofed region (a microwave), :class:`PickPlace` otherwise."""
     pred = tuple(str(p).lower() for p in predicate)
-    return Slide(env, pred) if slidable(env, pred) else PickPlace(env, pred)
+    if slidable(env, pred):
+        return Slide(env, pred)
+    if pred[0] == "in" and pred[1] in env.libero_env.objects_dict:
+        insert = Insert(env, pred)
+        if insert.outcome != "unsupported":
+            return insert
+    return PickPlace(env, pred)
+
+
+# ------------------------------------------------------------------------------ under a roof (microwave)
+
+ROOF_ROOM = 0.12  # m: a region whose fixture closes over it less than this above the carried object is roofed
+INSERT_MARGIN = 0.015  # m: the object's origin ends this far inside the region's edge on the opening's side
+INSERT_STAGE = 0.02  # m: the carried object's leading edge waits this far outside the opening
+INSERT_LIFT = 0.01  # m: the carried object's bottom above the floor while it goes in
+HAND_HALF_DEPTH = 0.03  # m: the hand's half thickness across its closing axis (the fingers' 1.4 cm, the palm's 7)
+HANDLE_OUT = 0.012  # m: geoms this far outside the rim's circle are a handle's
+HANDLE_WALL = 0.012  # m: box geoms at most this thick reaching the top make a cup's ring (LIBERO's mugs: 8.2 mm)
+
+
+def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray] | None:
+    """A top grasp of a cup's handle and the handle's direction (unit (2,), from the cup's axis out), or None.
+
+    The cup is the ring of thin wall pieces reaching its top (``HANDLE_WALL``); its handle is the
+    collision geometry standing more than ``HANDLE_OUT`` outside the ring. The fingers close across the
+    outermost handle piece (the bar a hand would hold), at its middle, 5 mm higher."""
+    model, data = mj_model(env), env.sim.data
+    lo, hi = body_box(env, body)
+    walls, pieces = [], []
+    for g in range(model.ngeom):
+        if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        if not in_subtree(model, int(model.geom_bodyid[g]), body):
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        size = np.array(model.geom_size[g])
+        c = np.array(data.geom_xpos[g])
+        pieces.append((c, float(np.abs(rot[2]) @ size)))
+        if size.min() <= HANDLE_WALL / 2 and c[2] + float(np.abs(rot[2]) @ size) >= hi[2] - 0.01:
+            walls.append(c[:2])
+    if len(walls) < 6:
+        return None
+    walls = np.array(walls)
+    center = walls.mean(axis=0)
+    radius = float(np.linalg.norm(walls - center, axis=1).max())
+    out = [(float(np.linalg.norm(c[:2] - center)), c, h) for c, h in pieces
+           if np.linalg.norm(c[:2] - center) > radius + HANDLE_OUT]
+    if not out:
+        return None
+    _, bar, half_h = max(out, key=lambda o: o[0])
+    d = (bar[:2] - center) / np.linalg.norm(bar[:2] - center)
+    z = max(float(bar[2]) + min(0.005, half_h / 2), float(lo[2]) + FINGER_BELOW_SITE)
+    yaw = reachable_yaw(env, float(np.arctan2(d[0], -d[1])))  # the closing axis across the handle
+    return GraspPose(np.array([bar[0], bar[1], z]), yaw, "handle"), d
+
+
+@dataclass
+class Opening:
+    """Where a roofed region opens and where an object goes in: ``inward`` (unit (2,), into the fixture),
+    ``edge`` (the roof's front edge, metres along ``inward``), ``floor`` (its top, m), ``goal`` (the
+    object's origin, xy, at the end) and ``span`` (the range, m, of the origin's other table coordinate
+    that keeps the object off the side walls and inside the region; ``goal`` is its middle)."""
+
+    inward: np.ndarray
+    edge: float
+    floor: float
+    goal: np.ndarray
+    span: tuple[float, float]
+
+
+def roofed_opening(env: LiberoEnv, site: int, body: int) -> Opening | None:
+    """The opening of the fixture around region ``site`` when the fixture closes over it too low for a hand
+    above the carried ``body`` (less than ``ROOF_ROOM`` over the object's top): a microwave. None otherwise.
+
+    From the region's centre at half the object's height, the fixture's boxes are met along three of the four
+    table axes (walls); the fourth, the one nearest the robot when several are free, is the opening. The goal
+    puts the object's origin ``INSERT_MARGIN`` inside the region's edge there, between the side walls."""
+    model, data = mj_model(env), env.sim.data
+    root = int(model.body_rootid[int(model.site_bodyid[site])])
+    fixture = []  # the fixture's collision boxes
+    for g in range(model.ngeom):
+        if (model.geom_contype[g] or model.geom_conaffinity[g]) and in_subtree(model, int(model.geom_bodyid[g]), root):
+            rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+            mid = np.array(data.geom_xpos[g]) + rot @ model.geom_aabb[g, :3]
+            ext = np.abs(rot) @ model.geom_aabb[g, 3:]
+            fixture.append((mid - ext, mid + ext))
+    c = np.array(data.site_xpos[site])
+    half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))  # as in_box
+    olo, ohi = body_box(env, body)
+    height = float(ohi[2] - olo[2])
+    inside = [(lo, hi) for lo, hi in fixture if np.all(lo[:2] <= c[:2]) and np.all(hi[:2] >= c[:2])]
+    floors = [float(hi[2]) for lo, hi in inside if hi[2] <= c[2]]
+    roofs = [(lo, hi) for lo, hi in inside if lo[2] > c[2]]
+    if not floors or not roofs:
+        return None
+    floor = max(floors)
+    roof_lo, roof_hi = min(roofs, key=lambda b: b[0][2])
+    if roof_lo[2] - floor > height + ROOF_ROOM:
+        return None
+    z = floor + height / 2
+    reach = {}
+    for axis in (0, 1):
+        for sign in (-1.0, 1.0):
+            other = 1 - axis
+            hits = [sign * (lo[axis] if sign > 0 else hi[axis]) - sign * c[axis] for lo, hi in fixture
+                    if lo[other] <= c[other] <= hi[other] and lo[2] <= z <= hi[2]
+                    and sign * ((lo[axis] + hi[axis]) / 2 - c[axis]) > 0]
+            reach[(axis, sign)] = min([h for h in hits if h >= 0] or [np.inf])
+    free = [k for k, v in reach.items() if not np.isfinite(v)]
+    if not free:
+        return None
+    robot = np.asarray(env._robot.base_pos)[:2]
+    axis, sign = max(free, key=lambda k: k[1] * (robot[k[0]] - c[k[0]]))  # the free side facing the robot
+    inward = np.zeros(2)
+    inward[axis] = -sign
+    edge = float(np.dot(inward, roof_lo[:2] if sign < 0 else roof_hi[:2]))  # the roof's side toward the opening
+    goal = c[:2].copy()
+    goal[axis] = c[axis] + sign * (half[axis] - INSERT_MARGIN)
+    other = 1 - axis
+    origin = np.array(data.xpos[body])
+    below, above = origin[other] - olo[other] + 0.01, ohi[other] - origin[other] + 0.01
+    lo_o = max(c[other] - reach[(other, -1.0)] + below, c[other] - half[other] + 0.01)
+    hi_o = min(c[other] + reach[(other, 1.0)] - above, c[other] + half[other] - 0.01)
+    if lo_o > hi_o:
+        return None
+    goal[other] = (lo_o + hi_o) / 2
+    return Opening(inward, edge, floor, goal, (float(lo_o), float(hi_o)))
+
+
+class Insert(PickPlace):
+    """Skill for ``('in', cup, region)`` when the region is under a roof (:func:`roofed_opening`): a
+    microwave's inside, 14.4 cm high for a 10.3 cm mug.
+
+    Lowered from above, the mug came to rest on the microwave's roof (libero_10 9: 0 of 50); held by the rim
+    from above, the hand alone is 6-12 cm tall. So the cup is taken by its handle (:func:`handle_grasp`) and
+    turned while it is carried until the handle points out of the opening; it is lowered in front of the
+    opening, to ``INSERT_LIFT`` over the inside's floor, slid in level until its origin is ``INSERT_MARGIN``
+    inside the region, set down and let go, and the hand backs out before it rises. The hand stays outside
+    the roof's front edge throughout; a cup without a handle, or a goal that would put the hand under the
+    roof, is refused (``unsupported``) and :class:`PickPlace` takes the sub-goal."""
+
+    def _new_attempt(self) -> None:
+        planned = handle_grasp(self.env, self.body) if self._site is not None else None
+        self.opening = roofed_opening(self.env, self._site, self.body) if planned is not None else None
+        if planned is None or self.opening is None:
+            self.outcome = "unsupported"
+            return
+        super()._new_attempt()
+        if self.outcome is not None:
+            return
+        self.grasp, handle = planned
+        env, op = self.env, self.opening
+        origin = np.array(env.sim.data.xpos[self.body])
+        lo, hi = body_box(env, self.body)
+        # the turn (about z) that points the handle out of the opening, and the hand's yaw after it
+        turn = float(np.arctan2(-op.inward[1], -op.inward[0]) - np.arctan2(handle[1], handle[0]))
+        turn = (turn + np.pi) % (2 * np.pi) - np.pi
+        self._turn = turn
+        if not wrist_allows(env, self.grasp.yaw, self.grasp.yaw + turn):
+            self.grasp.yaw += np.pi  # the hand the other way round
+            if not wrist_allows(env, self.grasp.yaw, self.grasp.yaw + turn):
+                self.outcome = "unsupported"
+                return
+        self._end_yaw = self.grasp.yaw + turn
+        self.rot = topdown_rotation(self.grasp.yaw)
+        self._end_rot = topdown_rotation(self._end_yaw)
+        c, s = np.cos(turn), np.sin(turn)
+        turned = np.array([[c, -s], [s, c]])
+        grip = turned @ (self.grasp.point[:2] - origin[:2])  # from the turned object's origin
+        lead = max(float(op.inward @ turned @ (np.array([x, y]) - origin[:2]))
+                   for x in (lo[0], hi[0]) for y in (lo[1], hi[1]))  # the turned object's front, from its origin
+        if float(op.inward @ (op.goal + grip)) + HAND_HALF_DEPTH > op.edge:
+            self.outcome = "unsupported"  # the hand would go under the roof
+            return
+        self._bottom = float(origin[2] - lo[2])  # the origin above the object's bottom
+        self._z_in = op.floor + INSERT_LIFT + self._bottom  # the origin's height going in
+        grip_z = self._z_in + float(self.grasp.point[2] - origin[2])
+        back = op.edge - INSERT_STAGE - lead - float(op.inward @ op.goal)  # goal -> stage, along inward (< 0)
+        # across the opening: the goal whose hand, in front of the opening (and in the column it comes down
+        # through) and at the end, is freest of the fixture (a microwave's door, open 76 to 118 degrees, reaches
+        # 6 cm into the way of a hand 20 cm long); the middle of the span when all are free
+        other = int(np.argmax(np.abs(op.inward[::-1])))
+        obbs = _geom_obbs(env, (self.body,))
+        best = None
+        for x in np.arange(op.span[0], op.span[1] + 1e-9, 0.005):
+            goal = op.goal.copy()
+            goal[other] = x
+            hits = sum(hand_collisions(env, np.append(goal + f * back * op.inward + grip, grip_z), self._end_yaw,
+                                       (self.body,), obbs, margin=0.01, sweep=APPROACH_SWEEP * (f == 1.0))
+                       for f in (1.0, 0.5, 0.0))
+            key = (hits, abs(x - op.goal[other]))
+            if best is None or key < best[0]:
+                best = (key, goal)
+        self._goal = best[1]
+        self._stage = self._goal + back * op.inward
+
+    def _fit_turn(self) -> float:
+        return 0.0  # the turn is the handle's (``_turn``), set with the grasp
+
+    def _origin_goal_eef(self, origin_xy: np.ndarray, origin_z: float) -> np.ndarray:
+        """Hand position that puts the carried object's origin at (xy, z), the hand at its end yaw."""
+        return np.append(origin_xy, origin_z) + self._end_rot @ self._grip_local
+
+    def _phase_action(self) -> np.ndarray | None:  # noqa: C901 - one state machine, read top to bottom
+        env, ph = self.env, self.phase
+        if ph.name in ("reopen", "rise", "over", "descend", "close", "lift"):
+            return super()._phase_action()
+        ph.steps += 1
+        eef, rot = env.eef_pose()
+        obj = np.array(env.sim.data.xpos[self.body])
+        op = self.opening
+        if ph.name == "carry_up" and ph.steps == 1:  # just lifted: the object's pose in the hand from now on
+            self._grip_local = rot.T @ (eef - obj)
+        if ph.name in ("carry_up", "carry", "stage", "slide", "lower"):
+            held = rot.T @ (eef - obj)
+            if np.linalg.norm(held - self._grip_local) > 0.03 or finger_gap(env) < CLOSED_GAP:
+                self._fail("slipped")
+                return None
+        if ph.name == "carry_up":
+            if ph.steps == 1:
+                hang = float(eef[2]) - (float(obj[2]) - self._bottom)
+                self._hang = hang
+                self._travel = self._travel_z(eef[:2], self._stage, hang, exclude=(self.body,))
+            if eef[2] >= self._travel - 0.02 or ph.steps > 25:
+                self._goto("carry")
+                return None
+            return step_toward(env, np.array([eef[0], eef[1], self._travel]), self._end_rot, 1.0)
+        if ph.name == "carry":
+            goal = self._origin_goal_eef(self._stage, 0.0)
+            goal[2] = self._travel
+            if (self._arrived(goal, 0.012) and self._turned()) or ph.steps > 80:
+                self._goto("stage")
+                return None
+            return step_toward(env, goal, self._end_rot, 1.0)
+        if ph.name == "stage":  # down in front of the opening
+            goal = self._origin_goal_eef(self._stage, self._z_in)
+            if self._arrived(goal, 0.008) or ph.steps > 40 or (ph.steps > 4 and self._stalled(0.001)):
+                self._goto("slide")
+                return None
+            return step_toward(env, goal, self._end_rot, 1.0)
+        if ph.name == "slide":  # in, level
+            goal = self._origin_goal_eef(self._goal, self._z_in)
+            if self._arrived(goal, 0.008) or ph.steps > 40 or (ph.steps > 4 and self._stalled(0.001)):
+                self._goto("lower")
+                return None
+            return step_toward(env, goal, self._end_rot, 1.0, max_step=0.04)
+        if ph.name == "lower":
+            goal = self._origin_goal_eef(self._goal, op.floor + self._bottom + 0.002)
+            if self._arrived(goal, 0.004) or ph.steps > 15 or (ph.steps > 3 and self._stalled(0.001)):
+                self._goto("release")
+                return None
+            return step_toward(env, goal, self._end_rot, 1.0)
+        if ph.name == "release":
+            if ph.steps > 6 and finger_gap(env) > 0.05 or ph.steps > 15:
+                self._goto("back")
+                self._back_goal = eef - np.append(op.inward, 0.0) * 0.08
+                return None
+            return step_toward(env, eef, self._end_rot, -1.0)
+        if ph.name == "back":  # out of the opening before rising
+            if self._arrived(self._back_goal, 0.015) or ph.steps > 20:
+                self._goto("retreat")
+                self._retreat_goal = eef + np.array([0.0, 0.0, 0.08])
+                return None
+            return step_toward(env, self._back_goal, self._end_rot, -1.0)
+        if ph.name == "retreat":
+            if self._arrived(self._retreat_goal, 0.015) or ph.steps > 20:
+                self._goto("verify")
+                return None
+            return step_toward(env, self._retreat_goal, self._end_rot, -1.0)
+        if ph.name == "verify":
+            if predicate_holds(env, self.predicate):
+                self.outcome = "done"
+                return None
+            if ph.steps > 10:
+                self._fail("misplaced")
+                return None
+            return step_toward(env, eef, self._end_rot, -1.0)
+        raise RuntimeError(f"unknown phase {ph.name!r}")
+
+    def _turned(self, tol: float = 0.08) -> bool:
+        return bool(np.linalg.norm(_rotvec(self._end_rot @ self.env.eef_pose()[1].T)) < tol)
 
 
 # ------------------------------------------------------------------------------ clearing a drawer's way
