@@ -396,6 +396,11 @@ SPOT_TALL = 0.02  # m: objects standing higher than this above a region's surfac
 WALL_MAX = 0.015  # m: a region's fixture's parts at most this thick (horizontally) are walls a spot keeps off
 
 
+def region_half(env: LiberoEnv, site: int) -> np.ndarray:
+    """World half extents (3,) of a region site's box as LIBERO's ``in_box`` takes them (``|R @ size|``)."""
+    return np.abs(np.array(env.sim.data.site_xmat[site]).reshape(3, 3) @ np.array(mj_model(env).site_size[site]))
+
+
 def _overhang_boxes(env: LiberoEnv, site: int, fixture: int, center: np.ndarray,
                     reach: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """For a region inside a drawer (its site on a body with a slide joint): the boxes (2-d) of the fixture's
@@ -434,8 +439,7 @@ def _wall_boxes(env: LiberoEnv, site: int, fixture: int, center: np.ndarray,
     (libero_90 75: a book aimed at the right compartment's centre came down on the partition beside it,
     was let go 16 cm up and fell over)."""
     model, data = mj_model(env), env.sim.data
-    rot = np.array(data.site_xmat[site]).reshape(3, 3)
-    floor = center[2] - abs(float((rot @ np.array(model.site_size[site]))[2]))
+    floor = center[2] - float(region_half(env, site)[2])
     out = []
     for g in range(model.ngeom):
         b = int(model.geom_bodyid[g])
@@ -461,7 +465,7 @@ def free_spot(env: LiberoEnv, site: int, body: int, turn: float = 0.0) -> np.nda
     much (radians) about its origin in the hand (:meth:`PickPlace._fit_turn`)."""
     model, data = mj_model(env), env.sim.data
     center = np.array(data.site_xpos[site])
-    half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
+    half = region_half(env, site)[:2]
     lo, hi = body_box(env, body)
     foot = (hi[:2] - lo[:2]) / 2
     offset = (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[body][:2])  # footprint centre relative to the origin
@@ -552,8 +556,7 @@ class PickPlace:
         if self.attempts > self.max_attempts:
             self.outcome = self.failures[-1] if self.failures else "timeout"
             return
-        poses = plan_grasps(self.env, self.body)
-        self.grasp = poses[(self.attempts - 1) % len(poses)] if poses else None
+        self.grasp = self._plan_grasp()
         if self.grasp is None:
             self.outcome = "unsupported"
             return
@@ -567,6 +570,11 @@ class PickPlace:
         self._offset = None
         self._last_eef = None
         self._stall = 0
+
+    def _plan_grasp(self) -> GraspPose | None:
+        """This attempt's grasp: the next of :func:`plan_grasps`' poses, best first."""
+        poses = plan_grasps(self.env, self.body)
+        return poses[(self.attempts - 1) % len(poses)] if poses else None
 
     def _fail(self, kind: str) -> None:
         self.failures.append(kind)
@@ -633,8 +641,7 @@ class PickPlace:
         sides = [(float(half[i]), axes[:2, i] / max(np.linalg.norm(axes[:2, i]), 1e-9)) for i in range(3) if i != up]
         if max(h for h, _ in sides) < FIT_ASPECT * min(h for h, _ in sides):
             return 0.0
-        rot = np.array(env.sim.data.site_xmat[self._site]).reshape(3, 3)
-        room = np.abs(rot @ np.array(mj_model(env).site_size[self._site]))[:2] + FIT_SLACK
+        room = region_half(env, self._site)[:2] + FIT_SLACK
 
         def fits(turn: float) -> bool:
             c, s = np.cos(turn), np.sin(turn)
@@ -1144,7 +1151,7 @@ def roofed_opening(env: LiberoEnv, site: int, body: int) -> Opening | None:
             ext = np.abs(rot) @ model.geom_aabb[g, 3:]
             fixture.append((mid - ext, mid + ext))
     c = np.array(data.site_xpos[site])
-    half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))  # as in_box
+    half = region_half(env, site)
     olo, ohi = body_box(env, body)
     height = float(ohi[2] - olo[2])
     inside = [(lo, hi) for lo, hi in fixture if np.all(lo[:2] <= c[:2]) and np.all(hi[:2] >= c[:2])]
@@ -1204,10 +1211,10 @@ class Insert(PickPlace):
         if planned is None or self.opening is None:
             self.outcome = "unsupported"
             return
+        self._handle_pose, handle = planned
         super()._new_attempt()
         if self.outcome is not None:
             return
-        self.grasp, handle = planned
         env, op = self.env, self.opening
         origin = np.array(env.sim.data.xpos[self.body])
         lo, hi = body_box(env, self.body)
@@ -1253,6 +1260,9 @@ class Insert(PickPlace):
         self._goal = best[1]
         self._stage = self._goal + back * op.inward
 
+    def _plan_grasp(self) -> GraspPose | None:
+        return self._handle_pose
+
     def _fit_turn(self) -> float:
         return 0.0  # the turn is the handle's (``_turn``), set with the grasp
 
@@ -1262,7 +1272,7 @@ class Insert(PickPlace):
 
     def _phase_action(self) -> np.ndarray | None:  # noqa: C901 - one state machine, read top to bottom
         env, ph = self.env, self.phase
-        if ph.name in ("reopen", "rise", "over", "descend", "close", "lift"):
+        if ph.name in ("reopen", "rise", "over", "descend", "close", "lift", "retreat", "verify"):
             return super()._phase_action()
         ph.steps += 1
         eef, rot = env.eef_pose()
@@ -1270,6 +1280,7 @@ class Insert(PickPlace):
         op = self.opening
         if ph.name == "carry_up" and ph.steps == 1:  # just lifted: the object's pose in the hand from now on
             self._grip_local = rot.T @ (eef - obj)
+            self.rot = self._end_rot  # the hand turns the handle out on its way
         if ph.name in ("carry_up", "carry", "stage", "slide", "lower"):
             held = rot.T @ (eef - obj)
             if np.linalg.norm(held - self._grip_local) > 0.03 or finger_gap(env) < CLOSED_GAP:
@@ -1283,61 +1294,45 @@ class Insert(PickPlace):
             if eef[2] >= self._travel - 0.02 or ph.steps > 25:
                 self._goto("carry")
                 return None
-            return step_toward(env, np.array([eef[0], eef[1], self._travel]), self._end_rot, 1.0)
+            return step_toward(env, np.array([eef[0], eef[1], self._travel]), self.rot, 1.0)
         if ph.name == "carry":
             goal = self._origin_goal_eef(self._stage, 0.0)
             goal[2] = self._travel
-            if (self._arrived(goal, 0.012) and self._turned()) or ph.steps > 80:
+            if (self._arrived(goal, 0.012) and self._yaw_ok()) or ph.steps > 80:
                 self._goto("stage")
                 return None
-            return step_toward(env, goal, self._end_rot, 1.0)
+            return step_toward(env, goal, self.rot, 1.0)
         if ph.name == "stage":  # down in front of the opening
             goal = self._origin_goal_eef(self._stage, self._z_in)
             if self._arrived(goal, 0.008) or ph.steps > 40 or (ph.steps > 4 and self._stalled(0.001)):
                 self._goto("slide")
                 return None
-            return step_toward(env, goal, self._end_rot, 1.0)
+            return step_toward(env, goal, self.rot, 1.0)
         if ph.name == "slide":  # in, level
             goal = self._origin_goal_eef(self._goal, self._z_in)
             if self._arrived(goal, 0.008) or ph.steps > 40 or (ph.steps > 4 and self._stalled(0.001)):
                 self._goto("lower")
                 return None
-            return step_toward(env, goal, self._end_rot, 1.0, max_step=0.04)
+            return step_toward(env, goal, self.rot, 1.0, max_step=0.04)
         if ph.name == "lower":
             goal = self._origin_goal_eef(self._goal, op.floor + self._bottom + 0.002)
             if self._arrived(goal, 0.004) or ph.steps > 15 or (ph.steps > 3 and self._stalled(0.001)):
                 self._goto("release")
                 return None
-            return step_toward(env, goal, self._end_rot, 1.0)
+            return step_toward(env, goal, self.rot, 1.0)
         if ph.name == "release":
             if ph.steps > 6 and finger_gap(env) > 0.05 or ph.steps > 15:
                 self._goto("back")
                 self._back_goal = eef - np.append(op.inward, 0.0) * 0.08
                 return None
-            return step_toward(env, eef, self._end_rot, -1.0)
+            return step_toward(env, eef, self.rot, -1.0)
         if ph.name == "back":  # out of the opening before rising
             if self._arrived(self._back_goal, 0.015) or ph.steps > 20:
                 self._goto("retreat")
                 self._retreat_goal = eef + np.array([0.0, 0.0, 0.08])
                 return None
-            return step_toward(env, self._back_goal, self._end_rot, -1.0)
-        if ph.name == "retreat":
-            if self._arrived(self._retreat_goal, 0.015) or ph.steps > 20:
-                self._goto("verify")
-                return None
-            return step_toward(env, self._retreat_goal, self._end_rot, -1.0)
-        if ph.name == "verify":
-            if predicate_holds(env, self.predicate):
-                self.outcome = "done"
-                return None
-            if ph.steps > 10:
-                self._fail("misplaced")
-                return None
-            return step_toward(env, eef, self._end_rot, -1.0)
+            return step_toward(env, self._back_goal, self.rot, -1.0)
         raise RuntimeError(f"unknown phase {ph.name!r}")
-
-    def _turned(self, tol: float = 0.08) -> bool:
-        return bool(np.linalg.norm(_rotvec(self._end_rot @ self.env.eef_pose()[1].T)) < tol)
 
 
 # ------------------------------------------------------------------------------ clearing a drawer's way

@@ -42,6 +42,27 @@ def _settled(suite: str, index: int):
 
 
 
+def _region(env, site_name: str, obj: str):
+    """A region site of the settled env: its id, its fixture's root body, centre (3,), LIBERO's half extents (2,),
+    the object's footprint half extents (2,) and ``hit(xy, boxes)``, the area of the object's footprint, its
+    origin at ``xy``, inside the 2-d ``boxes``."""
+    import mujoco
+
+    model, data = S.mj_model(env), env.sim.data
+    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, site_name)
+    body = S._object_body(env, obj)
+    lo, hi = S.body_box(env, body)
+    foot = (hi[:2] - lo[:2]) / 2
+    shift = (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[body][:2])
+
+    def hit(xy, boxes):
+        c = xy + shift
+        return sum(np.prod(np.clip(np.minimum(c + foot, b) - np.maximum(c - foot, a), 0, None)) for a, b in boxes)
+
+    fixture = int(model.body_rootid[model.site_bodyid[site]])
+    return site, fixture, np.array(data.site_xpos[site]), S.region_half(env, site)[:2], foot, hit
+
+
 @pytest.fixture(scope="module")
 def spatial_env():
     env = LiberoEnv("libero_spatial", 0, images=False)
@@ -277,23 +298,11 @@ def test_a_drawer_region_spot_keeps_clear_of_the_drawers_above_it():
     import mujoco
 
     with _settled("libero_10", 3) as env:
-        model, data = S.mj_model(env), env.sim.data
-        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "white_cabinet_1_bottom_region")
-        fixture = int(model.body_rootid[model.site_bodyid[site]])
-        bowl = S._object_body(env, "akita_black_bowl_1")
-        lo, hi = S.body_box(env, bowl)
-        foot = (hi[:2] - lo[:2]) / 2
-        center = np.array(data.site_xpos[site])
-        half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
+        site, fixture, center, half, foot, hit = _region(env, "white_cabinet_1_bottom_region", "akita_black_bowl_1")
         over = S._overhang_boxes(env, site, fixture, center, half + foot)
         assert over  # the drawers above reach over the opened bottom one
-
-        def hit(xy):
-            c = xy + (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[bowl][:2])
-            return sum(np.prod(np.clip(np.minimum(c + foot, b) - np.maximum(c - foot, a), 0, None)) for a, b in over)
-
-        spot = S.free_spot(env, site, bowl)
-        assert hit(center[:2]) > 0 and hit(center[:2] + spot) < hit(center[:2])  # the centre is under them
+        spot = S.free_spot(env, site, S._object_body(env, "akita_black_bowl_1"))
+        assert hit(center[:2], over) > 0 and hit(center[:2] + spot, over) < hit(center[:2], over)  # centre under them
         assert np.all(np.abs(spot) <= half - S.SPOT_MARGIN + 1e-9)
     with _settled("libero_10", 8) as env:
         model = S.mj_model(env)
@@ -389,27 +398,13 @@ def test_a_caddy_compartments_walls_keep_the_spot_off_them():
     """libero_90 75: the right compartment's box (LIBERO's region) reaches over the caddy's outer wall, so the
     book aimed at its centre came down on the wall, was let go 16 cm up and fell over (0 of 3). The spot keeps its
     footprint off the fixture's thin walls, inside the region; the table's regions have no walls."""
-    import mujoco
 
     with _settled("libero_90", 75) as env:
-        model, data = S.mj_model(env), env.sim.data
-        site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "desk_caddy_1_right_contain_region")
-        fixture = int(model.body_rootid[model.site_bodyid[site]])
-        book = S._object_body(env, "black_book_1")
-        lo, hi = S.body_box(env, book)
-        foot = (hi[:2] - lo[:2]) / 2
-        center = np.array(data.site_xpos[site])
-        half = np.abs(np.array(data.site_xmat[site]).reshape(3, 3) @ np.array(model.site_size[site]))[:2]
+        site, fixture, center, half, foot, hit = _region(env, "desk_caddy_1_right_contain_region", "black_book_1")
         walls = S._wall_boxes(env, site, fixture, center, half + foot)
         assert len(walls) >= 3 and all(min(b - a) <= S.WALL_MAX for a, b in walls)
-
-        def hit(xy):
-            c = xy + (lo[:2] + hi[:2]) / 2 - np.array(data.xpos[book][:2])
-            return sum(np.prod(np.clip(np.minimum(c + foot, b) - np.maximum(c - foot, a), 0, None)) for a, b in walls)
-
-        spot = S.free_spot(env, site, book)
-        assert hit(center[:2]) > 0 and hit(center[:2] + spot) == 0.0
+        spot = S.free_spot(env, site, S._object_body(env, "black_book_1"))
+        assert hit(center[:2], walls) > 0 and hit(center[:2] + spot, walls) == 0.0
         assert np.all(np.abs(spot) <= half - S.SPOT_MARGIN + 1e-9)  # strictly inside LIBERO's box
-        table = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "study_table_desk_caddy_right_region")
-        table_root = int(model.body_rootid[model.site_bodyid[table]])
-        assert S._wall_boxes(env, table, table_root, np.array(data.site_xpos[table]), np.full(2, 0.2)) == []
+        table, table_root, table_centre, *_ = _region(env, "study_table_desk_caddy_right_region", "black_book_1")
+        assert S._wall_boxes(env, table, table_root, table_centre, np.full(2, 0.2)) == []
