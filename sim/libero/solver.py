@@ -73,6 +73,7 @@ GRASP_RISE = 0.025  # m: the object must have risen this much with the hand to c
 CLOSED_GAP = 0.0015  # m: finger gap at or below which the fingers closed on nothing
 OVER_ROT_GAIN = 0.5  # rotation gain while moving over a grasp (0.5 elsewhere): the turn, not the move, set its pace
 APPROACH_SWEEP = 0.15  # m above a grasp whose column the descending hand must find free
+LONG_HANDLE = 0.06  # m: a handle whose bar stands this far out of its vessel is grasped before the rim (a pan's: 9.5 cm)
 MAX_ATTEMPTS = 4  # grasp-and-place attempts per PickPlace skill
 MAX_SKILL_RUNS = 2  # skill instances per sub-goal (a failed skill is rebuilt once)
 MAX_REDOS = 2  # times an earlier sub-goal that came undone is redone
@@ -287,6 +288,9 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
       open gripper's gap: closing axis along that (narrowest) axis, grip site at the box centre, below
       the top by half the height (at most ``TOP_DEPTH_MAX``), never closer than ``FINGER_BELOW_SITE`` to
       the object's bottom.
+    * A long handle's bar (:func:`handle_grasp`, standing ``LONG_HANDLE`` or more out of the vessel's ring:
+      a frying pan's) otherwise, then the rim grasps: a pan's rim is low and slanted, and held there the pan
+      pivoted on its far edge and slipped from the fingers (libero_90 18).
     * Rim grasp otherwise: for eight radial directions, the wall is the farthest collision geometry near
       the top along it; the grip site goes onto the wall, ``RIM_DEPTH`` under the rim, closing axis radial.
       Directions are ranked by the room around the outer finger (other objects), then by facing the robot.
@@ -311,7 +315,11 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
         hits = [hand_collisions(env, p.point, p.yaw, (body,), obbs, sweep=APPROACH_SWEEP) for p in poses]
         order = sorted(range(len(poses)), key=lambda k: (hits[k] > 0, hits[k], k))
         return [poses[k] for k in order]
-    return _rim_grasps(env, body, lo, hi, cur)
+    rims = _rim_grasps(env, body, lo, hi, cur)
+    handle = handle_grasp(env, body)
+    if handle is not None and handle[2] >= LONG_HANDLE:
+        return [handle[0]] + rims
+    return rims
 
 
 def wrist_allows(env: LiberoEnv, *yaws: float) -> bool:
@@ -1081,18 +1089,22 @@ INSERT_STAGE = 0.02  # m: the carried object's leading edge waits this far outsi
 INSERT_LIFT = 0.01  # m: the carried object's bottom above the floor while it goes in
 HAND_HALF_DEPTH = 0.03  # m: the hand's half thickness across its closing axis (the fingers' 1.4 cm, the palm's 7)
 HANDLE_OUT = 0.012  # m: geoms this far outside the rim's circle are a handle's
+HANDLE_SLIDE = 0.03  # m: a handle bar this long (half length) pointing out is held where the hand is free
+HANDLE_END = 0.015  # m: ... and at least this far from the bar's ends
 HANDLE_WALL = 0.012  # m: box geoms at most this thick reaching the top make a cup's ring (LIBERO's mugs: 8.2 mm)
 
 
-def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray] | None:
-    """A top grasp of a cup's handle and the handle's direction (unit (2,), from the cup's axis out), or None.
+def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray, float] | None:
+    """A top grasp of a handle, the handle's direction (unit (2,), from the vessel's axis out) and how far (m)
+    the grasped bar's middle stands outside the vessel's ring; None for an object without one.
 
-    The cup is the ring of thin wall pieces reaching its top (``HANDLE_WALL``); its handle is the
+    The vessel is the ring of thin wall pieces (``HANDLE_WALL``) reaching the rim, the highest level that six
+    of them reach (a mug's rim is its top; a frying pan's handle rises above its rim); its handle is the
     collision geometry standing more than ``HANDLE_OUT`` outside the ring. The fingers close across the
     outermost handle piece (the bar a hand would hold), at its middle, 5 mm higher."""
     model, data = mj_model(env), env.sim.data
-    lo, hi = body_box(env, body)
-    walls, pieces = [], []
+    lo, _ = body_box(env, body)
+    thin, pieces = [], []
     for g in range(model.ngeom):
         if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
             continue
@@ -1101,23 +1113,43 @@ def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray] | No
         rot = np.array(data.geom_xmat[g]).reshape(3, 3)
         size = np.array(model.geom_size[g])
         c = np.array(data.geom_xpos[g])
-        pieces.append((c, float(np.abs(rot[2]) @ size)))
-        if size.min() <= HANDLE_WALL / 2 and c[2] + float(np.abs(rot[2]) @ size) >= hi[2] - 0.01:
-            walls.append(c[:2])
-    if len(walls) < 6:
+        pieces.append((c, rot, size))
+        if size.min() <= HANDLE_WALL / 2:
+            thin.append((c, c[2] + float(np.abs(rot[2]) @ size)))
+    if len(thin) < 6:
         return None
-    walls = np.array(walls)
+    rim = sorted((top for _, top in thin), reverse=True)[5]
+    walls = np.array([c[:2] for c, top in thin if top >= rim - 0.01])
     center = walls.mean(axis=0)
     radius = float(np.linalg.norm(walls - center, axis=1).max())
-    out = [(float(np.linalg.norm(c[:2] - center)), c, h) for c, h in pieces
+    out = [(float(np.linalg.norm(c[:2] - center)), c, rot, size) for c, rot, size in pieces
            if np.linalg.norm(c[:2] - center) > radius + HANDLE_OUT]
     if not out:
         return None
-    _, bar, half_h = max(out, key=lambda o: o[0])
+    dist, bar, rot, size = max(out, key=lambda o: o[0])
     d = (bar[:2] - center) / np.linalg.norm(bar[:2] - center)
-    z = max(float(bar[2]) + min(0.005, half_h / 2), float(lo[2]) + FINGER_BELOW_SITE)
     yaw = reachable_yaw(env, float(np.arctan2(d[0], -d[1])))  # the closing axis across the handle
-    return GraspPose(np.array([bar[0], bar[1], z]), yaw, "handle"), d
+    long = int(np.argmax(size))
+    axis = rot[:, long]
+    if abs(float(axis[:2] @ d)) < 0.8 or size[long] < HANDLE_SLIDE:
+        half_h = float(np.abs(rot[2]) @ size)
+        z = max(float(bar[2]) + min(0.005, half_h / 2), float(lo[2]) + FINGER_BELOW_SITE)
+        return GraspPose(np.array([bar[0], bar[1], z]), yaw, "handle"), d, dist - radius
+    # a long bar pointing out (a pan's handle): the hold nearest the vessel where the open hand meets least of the
+    # scene (a moka pot 1.3 cm beside a pan's handle, libero_90 18)
+    half_h = float(np.abs(rot[2]) @ size) - abs(float(rot[2, long])) * size[long]  # without the bar's own tilt
+    axis = axis * np.sign(float(axis[:2] @ d))  # outward
+    obbs = _geom_obbs(env, (body,))
+    best = None
+    for t in np.arange(-size[long] + HANDLE_END, size[long] - HANDLE_END + 1e-9, 0.01):
+        p = bar + t * axis
+        point = np.array([p[0], p[1], max(float(p[2]) + min(0.005, half_h / 2), float(lo[2]) + FINGER_BELOW_SITE)])
+        hits = hand_collisions(env, point, yaw, (body,), obbs, sweep=APPROACH_SWEEP)
+        if best is None or hits < best[0]:
+            best = (hits, point)
+        if hits == 0:
+            break
+    return GraspPose(best[1], yaw, "handle"), d, dist - radius
 
 
 @dataclass
@@ -1157,7 +1189,9 @@ def roofed_opening(env: LiberoEnv, site: int, body: int) -> Opening | None:
     inside = [(lo, hi) for lo, hi in fixture if np.all(lo[:2] <= c[:2]) and np.all(hi[:2] >= c[:2])]
     floors = [float(hi[2]) for lo, hi in inside if hi[2] <= c[2]]
     roofs = [(lo, hi) for lo, hi in inside if lo[2] > c[2]]
-    if not floors or not roofs:
+    if not floors:  # a shelf's bottom compartment: the table under it is the floor
+        floors = [support_height(env, c[:2], np.full(2, 0.01), exclude_roots=(body,), below=float(c[2]))]
+    if not roofs or not np.isfinite(max(floors)):
         return None
     floor = max(floors)
     roof_lo, roof_hi = min(roofs, key=lambda b: b[0][2])
@@ -1211,7 +1245,7 @@ class Insert(PickPlace):
         if planned is None or self.opening is None:
             self.outcome = "unsupported"
             return
-        self._handle_pose, handle = planned
+        self._handle_pose, handle, _ = planned
         super()._new_attempt()
         if self.outcome is not None:
             return
