@@ -1091,7 +1091,7 @@ HAND_HALF_DEPTH = 0.03  # m: the hand's half thickness across its closing axis (
 HANDLE_OUT = 0.012  # m: geoms this far outside the rim's circle are a handle's
 HANDLE_SLIDE = 0.03  # m: a handle bar this long (half length) pointing out is held where the hand is free
 HANDLE_END = 0.015  # m: ... and at least this far from the bar's ends
-HANDLE_WALL = 0.012  # m: box geoms at most this thick reaching the top make a cup's ring (LIBERO's mugs: 8.2 mm)
+HANDLE_WALL = 0.012  # m: box geoms at most this thick reaching the rim make a vessel's ring (LIBERO's mugs: 8.2 mm)
 
 
 def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray, float] | None:
@@ -1101,7 +1101,8 @@ def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray, floa
     The vessel is the ring of thin wall pieces (``HANDLE_WALL``) reaching the rim, the highest level that six
     of them reach (a mug's rim is its top; a frying pan's handle rises above its rim); its handle is the
     collision geometry standing more than ``HANDLE_OUT`` outside the ring. The fingers close across the
-    outermost handle piece (the bar a hand would hold), at its middle, 5 mm higher."""
+    outermost handle piece (the bar a hand would hold), 5 mm above its middle; along a long bar pointing out
+    (``HANDLE_SLIDE``: a pan's), at the first hold from the vessel where the open hand meets least of the scene."""
     model, data = mj_model(env), env.sim.data
     lo, _ = body_box(env, body)
     thin, pieces = [], []
@@ -1171,8 +1172,10 @@ def roofed_opening(env: LiberoEnv, site: int, body: int) -> Opening | None:
     above the carried ``body`` (less than ``ROOF_ROOM`` over the object's top): a microwave. None otherwise.
 
     From the region's centre at half the object's height, the fixture's boxes are met along three of the four
-    table axes (walls); the fourth, the one nearest the robot when several are free, is the opening. The goal
-    puts the object's origin ``INSERT_MARGIN`` inside the region's edge there, between the side walls."""
+    table axes (walls); the fourth, the one nearest the robot when several are free, is the opening. The floor is
+    the fixture's highest part under the centre, or what the fixture stands on when it has none there (a shelf's
+    bottom compartment, over the table). The goal puts the object's origin ``INSERT_MARGIN`` inside the region's
+    edge there, between the side walls."""
     model, data = mj_model(env), env.sim.data
     root = int(model.body_rootid[int(model.site_bodyid[site])])
     fixture = []  # the fixture's collision boxes
