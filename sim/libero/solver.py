@@ -504,6 +504,37 @@ def free_spot(env: LiberoEnv, site: int, body: int, turn: float = 0.0) -> np.nda
     return pts[int(np.argmin(cost))]
 
 
+LAY_WALL = 0.015  # m: a standing object to be laid down stands this far from the region's edge behind it
+LAY_ROOM = 0.035  # m: the closed hand starts its push this far behind the standing object's footprint
+LAY_BELOW_TOP = 0.03  # m: ... and this far under its top
+LAY_PUSH = 0.14  # m: ... and pushes this far
+
+
+def lay_down_axis(env: LiberoEnv, site: int, body: int) -> np.ndarray | None:
+    """The direction (unit (2,), a table axis, away from the robot) to lay ``body`` down along in region ``site``
+    when standing it there leaves its origin above the region's box (LIBERO's ``In`` tests the origin in 3-d):
+    a 14.6 cm ketchup bottle in an opened drawer whose region is 6 cm high (libero_90 32). None when it stands
+    inside, when lying on its wider side would not bring the origin in either, or when the region is shorter
+    than the object lying along both axes."""
+    data = env.sim.data
+    center, half = np.array(data.site_xpos[site]), region_half(env, site)
+    top = float(center[2] + half[2])
+    lo, hi = body_box(env, body)
+    floor = support_height(env, center[:2], np.full(2, 0.01), exclude_roots=(body,), below=top)
+    if not np.isfinite(floor) or floor + float(data.xpos[body][2] - lo[2]) <= top - 0.002:  # stands in (tray: 3.5 mm)
+        return None
+    _, axes, ext = body_frame_box(env, body)
+    up = int(np.argmax(np.abs(axes[2])))
+    if floor + max(float(ext[i]) for i in range(3) if i != up) >= top - 0.005:
+        return None
+    axis = int(np.argmax(half[:2]))
+    if 2 * half[axis] < 2 * ext[up] + float(hi[axis] - lo[axis]) + LAY_WALL:
+        return None
+    d = np.zeros(2)
+    d[axis] = 1.0 if center[axis] >= float(np.asarray(env._robot.base_pos)[axis]) else -1.0
+    return d
+
+
 class PickPlace:
     """Skill for ``('on', obj, target)`` / ``('in', obj, target)``: pick ``obj`` and put it on / in ``target``.
 
@@ -572,6 +603,13 @@ class PickPlace:
         rest_lo, rest_hi = body_box(self.env, self.body)  # where the object rests
         self._rest_top, self._rest_lo = float(rest_hi[2]), float(rest_lo[2])
         self._spot = free_spot(self.env, self._site, self.body) if self._site is not None else np.zeros(2)
+        self._lay = lay_down_axis(self.env, self._site, self.body) if self._site is not None and \
+            self.predicate[0] == "in" else None
+        if self._lay is not None:  # stood up behind the centre, so that laid down it ends across it
+            along = float(np.abs(self._lay) @ (rest_hi[:2] - rest_lo[:2])) / 2
+            self._spot = -self._lay * (float(np.abs(self._lay) @ region_half(self.env, self._site)[:2]) - along
+                                       - LAY_WALL)
+        self._tipped = False
         self.phase = _Phase("rise")
         self._obj_z0 = float(self.env.sim.data.xpos[self.body][2])
         self._hang = None
@@ -680,6 +718,39 @@ class PickPlace:
             self._stall = 0
         self._last_eef = eef
         return self._stall >= patience
+
+    def _tip_action(self, ph: _Phase, eef: np.ndarray, obj: np.ndarray) -> np.ndarray | None:
+        """The closed hand comes down behind the standing object (``LAY_ROOM`` behind its footprint, ``LAY_BELOW_TOP``
+        under its top) and pushes ``LAY_PUSH`` along :func:`lay_down_axis`; the object pivots on its front edge
+        and falls over; then the hand retreats up and the placement is verified."""
+        env, d = self.env, np.append(self._lay, 0.0)
+        if ph.steps == 1 and ph.name == "tip_over":
+            lo, hi = body_box(env, self.body)
+            behind = float(d[:2] @ ((lo[:2] + hi[:2]) / 2)) - float(np.abs(d[:2]) @ (hi[:2] - lo[:2])) / 2 - LAY_ROOM
+            start = np.array([obj[0], obj[1], float(hi[2]) - LAY_BELOW_TOP])
+            start[:2] += d[:2] * (behind - float(d[:2] @ obj[:2]))
+            self._tip_start = start
+        start = self._tip_start
+        if ph.name == "tip_over":
+            goal = start + [0.0, 0.0, 0.06]
+            if self._arrived(goal, 0.015) or ph.steps > 40:
+                self._goto("tip_down")
+                return None
+            return step_toward(env, goal, self.rot, 1.0)
+        if ph.name == "tip_down":
+            if ph.steps == 1:
+                self._last_eef, self._stall = None, 0
+            if self._arrived(start, 0.008) or ph.steps > 25 or (ph.steps > 4 and self._stalled(0.001)):
+                self._goto("tip_push")
+                return None
+            return step_toward(env, start, self.rot, 1.0)
+        goal = start + d * LAY_PUSH
+        if self._arrived(goal, 0.01) or ph.steps > 40:
+            self._tipped = True
+            self._goto("retreat")
+            self._retreat_goal = eef + np.array([0.0, 0.0, 0.08])
+            return None
+        return step_toward(env, goal, self.rot, 1.0, max_step=0.03)
 
     def _phase_action(self) -> np.ndarray | None:  # noqa: C901 - one state machine, read top to bottom
         env, ph, g = self.env, self.phase, self.grasp
@@ -800,9 +871,11 @@ class PickPlace:
             return self._hold(-1.0)
         if ph.name == "retreat":
             if self._arrived(self._retreat_goal, 0.015) or ph.steps > 20:
-                self._goto("verify")
+                self._goto("verify" if self._lay is None or self._tipped else "tip_over")
                 return None
             return step_toward(env, self._retreat_goal, self.rot, -1.0)
+        if ph.name in ("tip_over", "tip_down", "tip_push"):  # lay the standing object down: push its top over
+            return self._tip_action(ph, eef, obj)
         if ph.name == "verify":
             if predicate_holds(env, self.predicate):
                 self.outcome = "done"

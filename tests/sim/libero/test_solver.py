@@ -482,3 +482,30 @@ def test_a_bowl_under_the_drawer_is_cleared_before_an_opening_the_goal_names():
             ("in", "akita_black_bowl_1", "wooden_cabinet_1_top_region")]
     finally:
         env.close()
+
+
+def test_a_tall_bottle_is_laid_down_in_a_shallow_drawer_region():
+    """libero_90 32: LIBERO's In tests the origin in 3-d, and the opened top drawer's region is 6 cm high; the
+    14.6 cm ketchup bottle standing on the drawer's floor has its origin 1.6 cm above it (0 of 10). The bottle is
+    stood behind the centre and its top pushed over along the drawer's long axis, away from the robot. In a tray
+    whose region leaves the standing origin inside (libero_90 58), the bottle stays standing."""
+    import mujoco
+
+    env = LiberoEnv("libero_90", 32, images=False)
+    try:
+        env.reset(seed=0, options={"init_state_id": 0})
+        for _ in range(10):
+            env.step(SETTLE)
+        site = mujoco.mj_name2id(S.mj_model(env), mujoco.mjtObj.mjOBJ_SITE, "white_cabinet_1_top_region")
+        ketchup = S._object_body(env, "ketchup_1")
+        assert np.allclose(S.lay_down_axis(env, site, ketchup), [1.0, 0.0])
+        stats = S.run_episode(env, 0)
+        _, axes, half = S.body_frame_box(env, ketchup)
+        long_axis = axes[:, int(np.argmax(half))]
+    finally:
+        env.close()
+    assert stats["success"] and stats["steps"] <= 200, stats
+    assert abs(long_axis[2]) < 0.5  # lying (standing, its height is its longest side)
+    with _settled("libero_90", 58) as env:
+        site = mujoco.mj_name2id(S.mj_model(env), mujoco.mjtObj.mjOBJ_SITE, "wooden_tray_1_contain_region")
+        assert S.lay_down_axis(env, site, S._object_body(env, "ketchup_1")) is None
