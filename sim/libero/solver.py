@@ -150,7 +150,8 @@ class GraspPose:
 
     point: np.ndarray
     yaw: float
-    kind: str  # "top" (across the narrow axis), "rim" (fingers straddling a wall) or "handle"
+    kind: str  # "top" (across the narrow axis), "rim" (fingers straddling a wall), "outline" (straddling the
+    # object's box outline: no wall to hold) or "handle"
     width: float = 0.0  # m: extent between the fingers (top grasps)
 
 
@@ -288,9 +289,12 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
       open gripper's gap: closing axis along that (narrowest) axis, grip site at the box centre, below
       the top by half the height (at most ``TOP_DEPTH_MAX``), never closer than ``FINGER_BELOW_SITE`` to
       the object's bottom.
-    * A long handle's bar (:func:`handle_grasp`, standing ``LONG_HANDLE`` or more out of the vessel's ring:
-      a frying pan's) otherwise, then the rim grasps: a pan's rim is low and slanted, and held there the pan
-      pivoted on its far edge and slipped from the fingers (libero_90 18).
+    * A handle's bar (:func:`handle_grasp`) otherwise, when it stands ``LONG_HANDLE`` or more out of the
+      vessel's ring (a frying pan's: its rim is low and slanted, and held there the pan pivoted on its far edge
+      and slipped from the fingers, libero_90 18); then the rim grasps. When the object is no open cup
+      (:func:`_open_vessel`) and has no thin wall at its top to hold, so that the rim grasps aim at its box
+      outline (a moka pot: 19 of 50 on libero_90 19), its handle comes second, after the first of them.
+      First, it put libero_10 8's second pot down against the first one (40 -> 19 of 50).
     * Rim grasp otherwise: for eight radial directions, the wall is the farthest collision geometry near
       the top along it; the grip site goes onto the wall, ``RIM_DEPTH`` under the rim, closing axis radial.
       Directions are ranked by the room around the outer finger (other objects), then by facing the robot.
@@ -319,7 +323,24 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
     handle = handle_grasp(env, body)
     if handle is not None and handle[2] >= LONG_HANDLE:
         return [handle[0]] + rims
+    if handle is not None and all(p.kind == "outline" for p in rims) and not _open_vessel(env, body, float(hi[2])):
+        return rims[:1] + [handle[0]] + rims[1:]  # the handle after the first outline grasp has missed
     return rims
+
+
+def _open_vessel(env: LiberoEnv, body: int, top: float) -> bool:
+    """Whether six or more thin box pieces (``HANDLE_WALL``) reach within 1 cm of the object's top: a cup's ring,
+    open at the top, whose wall the fingers straddle (a moka pot's top is its lid and knob)."""
+    model, data = mj_model(env), env.sim.data
+    n = 0
+    for g in range(model.ngeom):
+        if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
+            continue
+        if not in_subtree(model, int(model.geom_bodyid[g]), body) or model.geom_size[g].min() > HANDLE_WALL / 2:
+            continue
+        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
+        n += float(data.geom_xpos[g][2]) + float(np.abs(rot[2]) @ model.geom_size[g]) >= top - 0.01
+    return n >= 6
 
 
 def wrist_allows(env: LiberoEnv, *yaws: float) -> bool:
@@ -363,17 +384,17 @@ def _rim_grasps(env: LiberoEnv, body: int, lo: np.ndarray, hi: np.ndarray, cur: 
             continue
         # a low, slanted rim (plates) lies wholly above the default height: pads on the piece's middle then
         z_wall = z if c[2] - float(np.abs(rot[2]) @ size) <= z else max(float(c[2]) - 0.0035, float(lo[2]) + FINGER_BELOW_SITE)
-        walls.append((c[:2], normal / np.linalg.norm(normal), z_wall))
+        walls.append((c[:2], normal / np.linalg.norm(normal), z_wall, "rim"))
     if not walls:
         for k in range(8):
             d = np.array([np.cos(k * np.pi / 4), np.sin(k * np.pi / 4)])
             r = float(np.min((hi[:2] - lo[:2]) / 2 / np.maximum(np.abs(d), 1e-9))) - 0.004  # the box's outline
-            walls.append((center_xy + d * r, d, z))
+            walls.append((center_xy + d * r, d, z, "outline"))
     obstacles = _geom_boxes(env, (body,))
     obbs = _geom_obbs(env, (body,))
     robot_xy = np.asarray(env._robot.base_pos)[:2]
     scored = []
-    for xy, normal, z in walls:
+    for xy, normal, z, kind in walls:
         radial = xy - center_xy
         radial /= max(np.linalg.norm(radial), 1e-9)
         outer = xy + radial * 0.045
@@ -383,7 +404,7 @@ def _rim_grasps(env: LiberoEnv, body: int, lo: np.ndarray, hi: np.ndarray, cur: 
         yaw = reachable_yaw(env, float(np.arctan2(normal[1], normal[0])))
         hits = hand_collisions(env, np.array([xy[0], xy[1], z]), yaw, (body,), obbs, sweep=APPROACH_SWEEP)
         score = room + 0.01 * facing - 0.004 * abs(yaw - cur) - 0.1 * hits
-        scored.append((score, GraspPose(np.array([xy[0], xy[1], z]), yaw, "rim")))
+        scored.append((score, GraspPose(np.array([xy[0], xy[1], z]), yaw, kind)))
     scored.sort(key=lambda s: -s[0])
     return [p for _, p in scored]
 

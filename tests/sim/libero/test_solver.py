@@ -413,8 +413,8 @@ def test_a_caddy_compartments_walls_keep_the_spot_off_them():
 def test_a_frying_pan_is_held_by_its_long_handle_and_a_mug_by_its_rim():
     """libero_90 18: the pan's rim is low and slanted, and held there the pan pivoted on its far edge and slipped
     (the six pan tasks: 0 of 18). Its handle stands 9.5 cm out of its ring and is grasped first, across the bar,
-    where the open hand meets least of the moka pot beside it; a mug's 3-4 cm handle is not long, so a mug carried
-    onto an open region is still taken by its rim."""
+    where the open hand meets least of the moka pot beside it; a mug's 3-4 cm handle is not long and a mug is an open
+    cup, so a mug carried onto an open region is still taken by its rim."""
     with _settled("libero_90", 18) as env:
         pan = S._object_body(env, "chefmate_8_frypan_1")
         grasp, handle, out = S.handle_grasp(env, pan)
@@ -431,7 +431,7 @@ def test_a_frying_pan_is_held_by_its_long_handle_and_a_mug_by_its_rim():
     with _settled("libero_10", 9) as env:
         mug = S._object_body(env, "white_yellow_mug_1")
         assert S.handle_grasp(env, mug)[2] < S.LONG_HANDLE
-        assert S.plan_grasps(env, mug)[0].kind == "rim"
+        assert S.plan_grasps(env, mug)[0].kind == "outline"  # straddling its wall (8.2 mm: not a thin-wall rim)
 
 
 def test_a_shelf_bottom_is_roofed_over_the_table_and_the_pan_slides_in_by_its_handle():
@@ -509,3 +509,20 @@ def test_a_tall_bottle_is_laid_down_in_a_shallow_drawer_region():
     with _settled("libero_90", 58) as env:
         site = mujoco.mj_name2id(S.mj_model(env), mujoco.mjtObj.mjOBJ_SITE, "wooden_tray_1_contain_region")
         assert S.lay_down_axis(env, site, S._object_body(env, "ketchup_1")) is None
+
+
+def test_a_moka_pot_is_held_by_its_handle():
+    """libero_90 19: the moka pot is too wide for a top grasp (8.1 by 6.6 cm, 14.8 cm with spout and handle) and has
+    no thin wall at its top, so the rim grasps aimed at its box outline and missed (19 of 50). It has a handle
+    (4.4 cm out of its body), tried second: held there, it goes onto the stove."""
+    env = LiberoEnv("libero_90", 19, images=False)
+    try:
+        env.reset(seed=2, options={"init_state_id": 2})
+        for _ in range(10):
+            env.step(SETTLE)
+        poses = S.plan_grasps(env, S._object_body(env, "moka_pot_1"))
+        assert [p.kind for p in poses[:2]] == ["outline", "handle"] and all(p.kind == "outline" for p in poses[2:])
+        stats = S.run_episode(env, 2)
+    finally:
+        env.close()
+    assert stats["success"] and stats["steps"] <= 250, stats
