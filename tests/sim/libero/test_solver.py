@@ -29,17 +29,26 @@ def _bddl_goal(suite: str, index: int):
     return robosuite_parse_problem(str(get_task(suite, index).bddl_path()))
 
 @contextlib.contextmanager
-def _settled(suite: str, index: int):
-    """A blind env of the task at init state 0 after the 10 settle steps of LIBERO's protocol; closed after."""
+def _settled(suite: str, index: int, init_state: int = 0):
+    """A blind env of the task at ``init_state`` after the 10 settle steps of LIBERO's protocol; closed after."""
     env = LiberoEnv(suite, index, images=False)
     try:
-        env.reset(seed=0, options={"init_state_id": 0})
+        env.reset(seed=init_state, options={"init_state_id": init_state})
         for _ in range(10):
             env.step(SETTLE)
         yield env
     finally:
         env.close()
 
+
+
+def _episode(suite: str, index: int, init_state: int = 0) -> dict:
+    """The expert's episode stats (``run_episode``) on a blind env of the task from ``init_state``."""
+    env = LiberoEnv(suite, index, images=False)
+    try:
+        return S.run_episode(env, init_state)
+    finally:
+        env.close()
 
 
 def _region(env, site_name: str, obj: str):
@@ -364,11 +373,7 @@ def test_the_microwave_is_roofed_and_the_mug_is_held_by_its_handle():
 def test_solver_puts_the_mug_into_the_microwave_and_closes_it():
     """libero_10 9 (0 of 50 before: lowered from above, the mug stayed on the microwave's roof): in through the
     front, held by the handle, and the door closed, within the task's 520 steps."""
-    env = LiberoEnv("libero_10", 9, images=False)
-    try:
-        stats = S.run_episode(env, 0)
-    finally:
-        env.close()
+    stats = _episode("libero_10", 9)
     assert stats["success"] and stats["steps"] <= 520, stats
     assert [s["outcome"] for s in stats["subgoals"]] == ["done", "done"]
 
@@ -448,21 +453,13 @@ def test_a_shelf_bottom_is_roofed_over_the_table_and_the_pan_slides_in_by_its_ha
         assert op is not None and np.allclose(op.inward, [0.0, -1.0]) and abs(op.floor - 0.90) < 0.005
         skill = S.place_skill(env, ("in", "chefmate_8_frypan_1", "wooden_two_layer_shelf_1_bottom_region"))
         assert isinstance(skill, S.Insert) and skill.outcome is None
-    env = LiberoEnv("libero_90", 42, images=False)
-    try:
-        stats = S.run_episode(env, 1)
-    finally:
-        env.close()
+    stats = _episode("libero_90", 42, 1)
     assert stats["success"] and stats["steps"] <= 200, stats
 
 
 def test_solver_puts_the_frying_pan_on_the_stove():
     """libero_90 18 (0 of 3 before: held by the slanted rim it slipped): by the handle, within 200 steps."""
-    env = LiberoEnv("libero_90", 18, images=False)
-    try:
-        stats = S.run_episode(env, 0)
-    finally:
-        env.close()
+    stats = _episode("libero_90", 18)
     assert stats["success"] and stats["steps"] <= 200, stats
 
 
@@ -470,18 +467,12 @@ def test_a_bowl_under_the_drawer_is_cleared_before_an_opening_the_goal_names():
     """libero_90 8 names both (Open top_region) and (In bowl top_region): the clearing of the bowl from under the
     drawer was added only before an opening the solver inserted itself, so with init state 5 the opened drawer
     stood over the bowl and reaching and carrying it took 300 of the 400 steps (4 of 10 solved)."""
-    env = LiberoEnv("libero_90", 8, images=False)
-    try:
-        env.reset(seed=5, options={"init_state_id": 5})
-        for _ in range(10):
-            env.step(SETTLE)
+    with _settled("libero_90", 8, init_state=5) as env:
         sol = S.LiberoSolver(env)
         sol.reset(seed=5)
         assert [s.predicate for s in sol.subgoals] == [
             ("clear", "akita_black_bowl_1", "wooden_cabinet_1_top_region"), ("open", "wooden_cabinet_1_top_region"),
             ("in", "akita_black_bowl_1", "wooden_cabinet_1_top_region")]
-    finally:
-        env.close()
 
 
 def test_a_tall_bottle_is_laid_down_in_a_shallow_drawer_region():
@@ -491,19 +482,13 @@ def test_a_tall_bottle_is_laid_down_in_a_shallow_drawer_region():
     whose region leaves the standing origin inside (libero_90 58), the bottle stays standing."""
     import mujoco
 
-    env = LiberoEnv("libero_90", 32, images=False)
-    try:
-        env.reset(seed=0, options={"init_state_id": 0})
-        for _ in range(10):
-            env.step(SETTLE)
+    with _settled("libero_90", 32) as env:
         site = mujoco.mj_name2id(S.mj_model(env), mujoco.mjtObj.mjOBJ_SITE, "white_cabinet_1_top_region")
         ketchup = S._object_body(env, "ketchup_1")
         assert np.allclose(S.lay_down_axis(env, site, ketchup), [1.0, 0.0])
         stats = S.run_episode(env, 0)
         _, axes, half = S.body_frame_box(env, ketchup)
         long_axis = axes[:, int(np.argmax(half))]
-    finally:
-        env.close()
     assert stats["success"] and stats["steps"] <= 200, stats
     assert abs(long_axis[2]) < 0.5  # lying (standing, its height is its longest side)
     with _settled("libero_90", 58) as env:
@@ -515,14 +500,8 @@ def test_a_moka_pot_is_held_by_its_handle():
     """libero_90 19: the moka pot is too wide for a top grasp (8.1 by 6.6 cm, 14.8 cm with spout and handle) and has
     no thin wall at its top, so the rim grasps aimed at its box outline and missed (19 of 50). It has a handle
     (4.4 cm out of its body), tried second: held there, it goes onto the stove."""
-    env = LiberoEnv("libero_90", 19, images=False)
-    try:
-        env.reset(seed=2, options={"init_state_id": 2})
-        for _ in range(10):
-            env.step(SETTLE)
+    with _settled("libero_90", 19, init_state=2) as env:
         poses = S.plan_grasps(env, S._object_body(env, "moka_pot_1"))
         assert [p.kind for p in poses[:2]] == ["outline", "handle"] and all(p.kind == "outline" for p in poses[2:])
         stats = S.run_episode(env, 2)
-    finally:
-        env.close()
     assert stats["success"] and stats["steps"] <= 250, stats
