@@ -331,16 +331,22 @@ def plan_grasps(env: LiberoEnv, body: int, current_yaw: float | None = None) -> 
 def _open_vessel(env: LiberoEnv, body: int, top: float) -> bool:
     """Whether six or more thin box pieces (``HANDLE_WALL``) reach within 1 cm of the object's top: a cup's ring,
     open at the top, whose wall the fingers straddle (a moka pot's top is its lid and knob)."""
+    n = sum(c[2] + float(np.abs(rot[2]) @ size) >= top - 0.01 for c, rot, size in _box_pieces(env, body)
+            if size.min() <= HANDLE_WALL / 2)
+    return n >= 6
+
+
+def _box_pieces(env: LiberoEnv, body: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The collision boxes of ``body``'s subtree: world centre (3,), rotation (3, 3) and half sizes (3,) each."""
     model, data = mj_model(env), env.sim.data
-    n = 0
+    out = []
     for g in range(model.ngeom):
         if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
             continue
-        if not in_subtree(model, int(model.geom_bodyid[g]), body) or model.geom_size[g].min() > HANDLE_WALL / 2:
-            continue
-        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
-        n += float(data.geom_xpos[g][2]) + float(np.abs(rot[2]) @ model.geom_size[g]) >= top - 0.01
-    return n >= 6
+        if in_subtree(model, int(model.geom_bodyid[g]), body):
+            out.append((np.array(data.geom_xpos[g]), np.array(data.geom_xmat[g]).reshape(3, 3),
+                        np.array(model.geom_size[g])))
+    return out
 
 
 def wrist_allows(env: LiberoEnv, *yaws: float) -> bool:
@@ -1197,20 +1203,9 @@ def handle_grasp(env: LiberoEnv, body: int) -> tuple[GraspPose, np.ndarray, floa
     collision geometry standing more than ``HANDLE_OUT`` outside the ring. The fingers close across the
     outermost handle piece (the bar a hand would hold), 5 mm above its middle; along a long bar pointing out
     (``HANDLE_SLIDE``: a pan's), at the first hold from the vessel where the open hand meets least of the scene."""
-    model, data = mj_model(env), env.sim.data
     lo, _ = body_box(env, body)
-    thin, pieces = [], []
-    for g in range(model.ngeom):
-        if model.geom_type[g] != 6 or not (model.geom_contype[g] or model.geom_conaffinity[g]):
-            continue
-        if not in_subtree(model, int(model.geom_bodyid[g]), body):
-            continue
-        rot = np.array(data.geom_xmat[g]).reshape(3, 3)
-        size = np.array(model.geom_size[g])
-        c = np.array(data.geom_xpos[g])
-        pieces.append((c, rot, size))
-        if size.min() <= HANDLE_WALL / 2:
-            thin.append((c, c[2] + float(np.abs(rot[2]) @ size)))
+    pieces = _box_pieces(env, body)
+    thin = [(c, c[2] + float(np.abs(rot[2]) @ size)) for c, rot, size in pieces if size.min() <= HANDLE_WALL / 2]
     if len(thin) < 6:
         return None
     rim = sorted((top for _, top in thin), reverse=True)[5]
